@@ -1,0 +1,207 @@
+"""Answer extraction, equivalence grading and voting for MATH-style problems."""
+
+from __future__ import annotations
+
+import logging
+import re
+import threading
+from collections import defaultdict
+from collections.abc import Sequence
+from functools import lru_cache
+from typing import Literal
+
+from math_verify import parse, verify
+from math_verify.parser import ExprExtractionConfig, LatexExtractionConfig
+
+# math_verify logs a warning for every unparsable string; graders see many of those.
+logging.getLogger("math_verify").setLevel(logging.ERROR)
+
+VoteMethod = Literal["naive", "weighted", "maj"]
+
+_BOX_COMMANDS = ("\\boxed", "\\fbox")
+_TIMEOUT_S = 5
+_EXTRACTION = (LatexExtractionConfig(), ExprExtractionConfig())
+
+
+def extract_boxed(text: str) -> str | None:
+    """Content of the last `\\boxed{...}` / `\\fbox{...}` (brace-matched) or `\\boxed 5`."""
+    start = max(text.rfind(cmd) for cmd in _BOX_COMMANDS)
+    if start < 0:
+        return None
+    cmd = next(c for c in _BOX_COMMANDS if text.startswith(c, start))
+    rest = text[start + len(cmd) :].lstrip()
+    if rest.startswith("{"):
+        return _braced(rest)
+    # `\boxed 5`: the argument is the next token, up to whitespace or `$`.
+    match = re.match(r"[^\s$]+", rest)
+    return match.group(0) if match else None
+
+
+def _braced(text: str) -> str | None:
+    """`text` starts with `{`: return what lies inside its matching `}` (None if unbalanced)."""
+    depth = 0
+    escaped = False
+    for i, char in enumerate(text):
+        if escaped:  # `\{` and `\}` are literal braces, not grouping
+            escaped = False
+        elif char == "\\":
+            escaped = True
+        elif char == "{":
+            depth += 1
+        elif char == "}":
+            depth -= 1
+            if depth == 0:
+                return text[1:i]
+    return None
+
+
+# Unit words that MATH answers append with \mbox / \text (e.g. `864 \mbox{ inches}^2`).
+_UNIT_SUFFIX = re.compile(r"\\(?:mbox|text|textnormal)\{\s*[a-zA-Z][a-zA-Z .]*\}(?:\^\{?\d\}?)?\s*$")
+_TEXT_WRAPPER = re.compile(r"\\(?:mbox|text|textbf|textnormal|mathrm)\{([^{}]*)\}")
+# math_verify would read `east` as the product e*a*s*t, equal to `teas`; words compare as text.
+_WORD = re.compile(r"[A-Za-z]{2,}(?: [A-Za-z]+)*")
+_CHOICE = re.compile(r"^\(?([A-E])\)?$")
+# `10,\!080` always groups thousands; a bare `58,500` only when it is the whole answer,
+# since `(2,12) \cup (12,102)` holds commas that separate numbers.
+_LATEX_THOUSANDS = re.compile(r"(\d),\\!\s*(?=\d{3})")
+_PLAIN_THOUSANDS = re.compile(r"^-?\d{1,3}(?:,\d{3})+(?:\.\d+)?$")
+_DELIMITER_SIZING = re.compile(r"\\(?:left|right)(?![a-zA-Z])")
+_REPLACEMENTS = (
+    ("\\!", ""),
+    ("\\,", ""),
+    ("\\;", ""),
+    ("\\ ", " "),
+    ("\\dfrac", "\\frac"),
+    ("\\tfrac", "\\frac"),
+    ("^{\\circ}", ""),
+    ("^\\circ", ""),
+    ("\\%", ""),
+    ("%", ""),
+    ("\\$", ""),
+    ("$", ""),
+)
+
+
+@lru_cache(maxsize=65536)
+def normalize(text: str) -> str:
+    """Strip presentation-only LaTeX (units, degrees, percent, dollars, spacing) from an answer."""
+    text = text.strip()
+    if text.startswith(_BOX_COMMANDS):
+        text = extract_boxed(text) or text
+    text = _LATEX_THOUSANDS.sub(r"\1", text)
+    for old, new in _REPLACEMENTS:
+        text = text.replace(old, new)
+    text = _DELIMITER_SIZING.sub("", text)
+    text = _UNIT_SUFFIX.sub("", text).strip() or text
+    text = _TEXT_WRAPPER.sub(r"\1", text).strip()
+    choice = _CHOICE.match(text)
+    if choice:
+        return choice.group(1)
+    if _PLAIN_THOUSANDS.match(text):
+        text = text.replace(",", "")
+    return text.rstrip(".").strip()
+
+
+def _word(normalized: str) -> str | None:
+    return normalized.lower() if _WORD.fullmatch(normalized) else None
+
+
+def _timeout() -> int | None:
+    # math_verify's timeouts use SIGALRM, which only the main thread may install.
+    return _TIMEOUT_S if threading.current_thread() is threading.main_thread() else None
+
+
+@lru_cache(maxsize=65536)
+def _parsed(answer: str) -> tuple:
+    normalized = normalize(answer)
+    if not normalized:
+        return ()
+    try:
+        return tuple(parse(f"${normalized}$", extraction_config=_EXTRACTION, parsing_timeout=_timeout()))
+    except Exception:
+        return ()
+
+
+@lru_cache(maxsize=65536)
+def grade(prediction: str | None, reference: str) -> bool:
+    """Whether `prediction` (an answer, not a full solution) equals the `reference` answer."""
+    if not isinstance(prediction, str) or not isinstance(reference, str):
+        return False
+    pred_norm, ref_norm = normalize(prediction), normalize(reference)
+    if pred_norm == ref_norm:
+        return True
+    if _word(ref_norm) is not None:
+        return _word(pred_norm) == _word(ref_norm)
+    gold, pred = _parsed(reference), _parsed(prediction)
+    if not gold or not pred:
+        return False
+    try:
+        return bool(verify(list(gold), list(pred), timeout_seconds=_timeout()))
+    except Exception:
+        return False
+
+
+@lru_cache(maxsize=65536)
+def canonical_answer(text: str | None) -> str | None:
+    """A string that equal answers share, used as the voting key."""
+    if text is None:
+        return None
+    normalized = normalize(text)
+    word = _word(normalized)
+    if word is not None:
+        return word
+    parsed = _parsed(text)
+    if parsed:
+        return str(parsed[0])
+    return normalized or None
+
+
+def naive_pick(candidates: Sequence[tuple[str | None, float]]) -> str | None:
+    """The answer of the single highest-scoring candidate."""
+    if not candidates:
+        return None
+    return max(candidates, key=lambda c: c[1])[0]
+
+
+def weighted_pick(candidates: Sequence[tuple[str | None, float]]) -> str | None:
+    """The answer whose equivalent candidates have the largest total score."""
+    groups = _group(candidates)
+    if not groups:
+        return None
+    best = max(groups.values(), key=lambda members: (sum(s for _, s in members), _best_score(members)))
+    return _representative(best)
+
+
+def majority_pick(candidates: Sequence[tuple[str | None, float]]) -> str | None:
+    """The most frequent answer; ties go to the group holding the higher single score."""
+    groups = _group(candidates)
+    if not groups:
+        return None
+    best = max(groups.values(), key=lambda members: (len(members), _best_score(members)))
+    return _representative(best)
+
+
+def vote(candidates: Sequence[tuple[str | None, float]], method: VoteMethod) -> str | None:
+    """Pick an answer from scored candidates with `naive`, `weighted` or `maj` voting."""
+    pickers = {"naive": naive_pick, "weighted": weighted_pick, "maj": majority_pick}
+    if method not in pickers:
+        raise ValueError(f"unknown vote method '{method}'; choose naive, weighted or maj")
+    return pickers[method](candidates)
+
+
+def _group(candidates: Sequence[tuple[str | None, float]]) -> dict[str, list[tuple[str | None, float]]]:
+    # Candidates without an answer cannot win a vote: many unfinished beams must not outvote one answer.
+    groups: dict[str, list[tuple[str | None, float]]] = defaultdict(list)
+    for answer, score in candidates:
+        key = canonical_answer(answer)
+        if key is not None:
+            groups[key].append((answer, score))
+    return groups
+
+
+def _best_score(members: list[tuple[str | None, float]]) -> float:
+    return max(score for _, score in members)
+
+
+def _representative(members: list[tuple[str | None, float]]) -> str | None:
+    return max(members, key=lambda c: c[1])[0]

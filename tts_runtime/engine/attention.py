@@ -1,0 +1,142 @@
+"""Paged attention: the metadata contract every backend reads, and the torch backend.
+
+KV layout, per layer: ``k_cache``/``v_cache`` of shape
+``[num_blocks, block_size, num_kv_heads, head_dim]``. A token's KV lives at flat slot
+``block_id * block_size + offset``.
+
+A forward batch is flat (varlen): the decode tokens of ``num_decodes`` sequences come
+first (one token each), then the prefill chunks, one contiguous run per sequence.
+A prefill chunk may extend a prefix whose KV is already cached, so its queries sit at
+positions ``context_len - query_len ... context_len - 1``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+import torch.nn.functional as F
+
+from tts_runtime.config import ConfigError
+
+
+@dataclass
+class AttentionMetadata:
+    slot_mapping: torch.Tensor  # [T] int64: where each new token's K/V is stored
+    num_decodes: int
+    decode_block_tables: torch.Tensor  # [num_decodes, max_blocks] int32
+    decode_context_lens: torch.Tensor  # [num_decodes] int32, includes the new token
+    prefill_query_starts: list[int]  # offset of each chunk in the flat batch
+    prefill_query_lens: list[int]
+    prefill_context_lens: list[int]  # cached prefix + this chunk
+    prefill_block_tables: torch.Tensor  # [num_prefills, max_blocks] int32
+    block_size: int
+
+    @property
+    def num_prefills(self) -> int:
+        return len(self.prefill_query_lens)
+
+
+class AttentionBackend(Protocol):
+    name: str
+
+    def store_kv(self, key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor,
+                 v_cache: torch.Tensor, slot_mapping: torch.Tensor) -> None: ...
+
+    def attend(self, query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+               meta: AttentionMetadata, scale: float, sliding_window: int | None,
+               softcap: float | None) -> torch.Tensor: ...
+
+
+def allowed_keys_mask(query_positions: torch.Tensor, key_positions: torch.Tensor,
+                      context_lens: torch.Tensor, sliding_window: int | None) -> torch.Tensor:
+    """Boolean mask [..., q, k]: causal, inside the context, inside the sliding window.
+
+    query_positions [B, q], key_positions [k], context_lens [B]."""
+    q = query_positions.unsqueeze(-1)
+    k = key_positions.view(1, 1, -1)
+    mask = (k <= q) & (k < context_lens.view(-1, 1, 1))
+    if sliding_window is not None:
+        mask &= k > q - sliding_window
+    return mask
+
+
+def _masked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
+                      scale: float, softcap: float | None) -> torch.Tensor:
+    """q [B, H, q, D], k/v [B, Hkv, k, D], mask [B, q, k] -> [B, H, q, D]."""
+    if softcap is None:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask.unsqueeze(1), scale=scale,
+                                              enable_gqa=k.shape[1] != q.shape[1])
+    group = q.shape[1] // k.shape[1]
+    k = k.repeat_interleave(group, dim=1)
+    v = v.repeat_interleave(group, dim=1)
+    scores = torch.matmul(q, k.transpose(-1, -2)) * scale
+    scores = softcap * torch.tanh(scores / softcap)
+    scores = scores.masked_fill(~mask.unsqueeze(1), float("-inf"))
+    return torch.matmul(torch.softmax(scores.float(), dim=-1).to(v.dtype), v)
+
+
+def gather_kv(cache: torch.Tensor, block_tables: torch.Tensor, num_tokens: int) -> torch.Tensor:
+    """[B, max_blocks] block ids -> [B, Hkv, num_tokens, D] keys or values."""
+    blocks = cache[block_tables.long()]  # [B, nb, bs, Hkv, D]
+    b, nb, bs, h, d = blocks.shape
+    return blocks.view(b, nb * bs, h, d)[:, :num_tokens].transpose(1, 2)
+
+
+class TorchAttention:
+    """Reference backend for CPU and for testing GPU kernels against."""
+
+    name = "torch"
+
+    def store_kv(self, key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor,
+                 v_cache: torch.Tensor, slot_mapping: torch.Tensor) -> None:
+        k_cache.view(-1, *k_cache.shape[2:]).index_copy_(0, slot_mapping, key.to(k_cache.dtype))
+        v_cache.view(-1, *v_cache.shape[2:]).index_copy_(0, slot_mapping, value.to(v_cache.dtype))
+
+    def attend(self, query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+               meta: AttentionMetadata, scale: float, sliding_window: int | None,
+               softcap: float | None) -> torch.Tensor:
+        out = torch.empty_like(query)
+        nd = meta.num_decodes
+        if nd:
+            out[:nd] = self._decode(query[:nd], k_cache, v_cache, meta, scale, sliding_window, softcap)
+        for i in range(meta.num_prefills):
+            start, qlen = meta.prefill_query_starts[i], meta.prefill_query_lens[i]
+            ctx = meta.prefill_context_lens[i]
+            table = meta.prefill_block_tables[i: i + 1, : -(-ctx // meta.block_size)]
+            k = gather_kv(k_cache, table, ctx)
+            v = gather_kv(v_cache, table, ctx)
+            q = query[start: start + qlen].transpose(0, 1).unsqueeze(0)
+            positions = torch.arange(ctx - qlen, ctx, device=query.device).unsqueeze(0)
+            keys = torch.arange(ctx, device=query.device)
+            lens = torch.tensor([ctx], device=query.device)
+            mask = allowed_keys_mask(positions, keys, lens, sliding_window)
+            out[start: start + qlen] = _masked_attention(q, k, v, mask, scale, softcap)[0].transpose(0, 1)
+        return out
+
+    def _decode(self, query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                meta: AttentionMetadata, scale: float, sliding_window: int | None,
+                softcap: float | None) -> torch.Tensor:
+        lens = meta.decode_context_lens.to(query.device)
+        max_len = int(lens.max())
+        table = meta.decode_block_tables[:, : -(-max_len // meta.block_size)]
+        k = gather_kv(k_cache, table, max_len)
+        v = gather_kv(v_cache, table, max_len)
+        positions = (lens - 1).long().unsqueeze(1)
+        keys = torch.arange(max_len, device=query.device)
+        mask = allowed_keys_mask(positions, keys, lens, sliding_window)
+        q = query.unsqueeze(2)  # [B, H, 1, D]
+        return _masked_attention(q, k, v, mask, scale, softcap).squeeze(2)
+
+
+def select_backend(name: str, device: torch.device) -> AttentionBackend:
+    if name == "auto":
+        name = "triton" if device.type == "cuda" else "torch"
+    if name == "torch":
+        return TorchAttention()
+    if name == "triton":
+        from tts_runtime.engine.triton_attention import TritonAttention
+
+        return TritonAttention()
+    raise ConfigError(f"unknown attention backend '{name}'; choose auto, torch or triton")

@@ -1,0 +1,97 @@
+"""Request kinds the engine serves and what it returns for them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from tts_runtime.config import ConfigError
+
+FinishReason = Literal["stop", "eos", "length"]
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How to generate. temperature 0 means greedy."""
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0  # 0: off
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    seed: int | None = None
+    n: int = 1
+    max_tokens: int = 16
+    stop: tuple[str, ...] = ()
+    stop_token_ids: tuple[int, ...] = ()
+    include_stop_str_in_output: bool = False
+    ignore_eos: bool = False
+
+    def __post_init__(self) -> None:
+        if isinstance(self.stop, str):
+            object.__setattr__(self, "stop", (self.stop,))
+        object.__setattr__(self, "stop", tuple(self.stop))
+        object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids))
+        checks = [
+            (self.temperature >= 0, f"temperature must be >= 0, got {self.temperature}"),
+            (0 < self.top_p <= 1, f"top_p must be in (0, 1], got {self.top_p}"),
+            (self.top_k >= 0, f"top_k must be >= 0 (0 disables it), got {self.top_k}"),
+            (0 <= self.min_p <= 1, f"min_p must be in [0, 1], got {self.min_p}"),
+            (self.repetition_penalty > 0, f"repetition_penalty must be > 0, got {self.repetition_penalty}"),
+            (-2 <= self.frequency_penalty <= 2, f"frequency_penalty must be in [-2, 2], got {self.frequency_penalty}"),
+            (-2 <= self.presence_penalty <= 2, f"presence_penalty must be in [-2, 2], got {self.presence_penalty}"),
+            (self.n >= 1, f"n must be >= 1, got {self.n}"),
+            (self.max_tokens >= 1, f"max_tokens must be >= 1, got {self.max_tokens}"),
+            (all(s for s in self.stop), "stop strings must be non-empty"),
+        ]
+        for ok, message in checks:
+            if not ok:
+                raise ConfigError(f"invalid sampling parameter: {message}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+    @property
+    def uses_penalties(self) -> bool:
+        return (self.repetition_penalty != 1.0 or self.frequency_penalty != 0.0
+                or self.presence_penalty != 0.0)
+
+
+@dataclass(frozen=True)
+class ScoreParams:
+    """Prefill only. For each position p, the next-token distribution at p restricted to
+    `candidate_token_ids`: softmax over those ids (or their raw logits)."""
+
+    positions: tuple[int, ...]
+    candidate_token_ids: tuple[int, ...]
+    return_logits: bool = False
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "positions", tuple(self.positions))
+        object.__setattr__(self, "candidate_token_ids", tuple(self.candidate_token_ids))
+        if not self.positions:
+            raise ConfigError("invalid score request: positions must not be empty")
+        if not self.candidate_token_ids:
+            raise ConfigError("invalid score request: candidate_token_ids must not be empty")
+
+
+@dataclass
+class CompletionOutput:
+    index: int
+    token_ids: list[int]
+    text: str
+    finish_reason: FinishReason | None = None
+
+
+@dataclass
+class RequestOutput:
+    """A finished request. `completions` for generate, `scores` ([position][candidate]) for score."""
+
+    request_id: str
+    prompt_token_ids: list[int]
+    completions: list[CompletionOutput] = field(default_factory=list)
+    scores: list[list[float]] | None = None
+    num_cached_prompt_tokens: int = 0

@@ -1,0 +1,410 @@
+"""Triton paged-attention backend: KV store, decode and prefill-with-prefix kernels.
+
+Same contract as ``TorchAttention`` (see ``attention.py``). Three kernels:
+
+* ``_store_kv_kernel``: one program per new token scatters its [Hkv, D] keys and
+  values to ``slot_mapping``.
+* ``_decode_kernel``: one program per (sequence, kv head[, key split]). The query
+  heads of the GQA group are the rows of the Q tile (padded to 16 for ``tl.dot``),
+  so each K/V tile is read once per kv head whatever the group size (3 works).
+  With ``num_splits > 1`` each program covers a slice of the keys and
+  ``_decode_reduce_kernel`` merges the partial softmaxes (flash-decoding), which
+  keeps the GPU busy when batch * kv heads is small (Gemma-3-270M has 1 kv head).
+* ``_prefill_kernel``: flash-attention over (query tile, query head). Query tiles
+  are described by a small host-built table, so one launch covers every chunk.
+
+Keys are gathered per token (block table lookup of ``j // block_size``), so the key
+tile size is independent of the cache block size: any power-of-two block size works,
+also 8, which is below ``tl.dot``'s minimum of 16.
+
+Scores use exp2 with log2(e) folded in; running max/sum and the accumulator are fp32.
+Probabilities are cast to the value dtype before the PV product, as the reference does.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+from tts_runtime.engine.attention import AttentionMetadata
+
+@triton.jit
+def _tanh(x):
+    # tl has no tanh; this form saturates to +-1 instead of overflowing.
+    return 2.0 * tl.sigmoid(2.0 * x) - 1.0
+
+
+@triton.jit
+def _dot(a, b, F32_DOT: tl.constexpr, PRECISION: tl.constexpr):
+    if F32_DOT:
+        # The interpreter multiplies bf16 tiles as raw uint16 bits; fp32 inputs give
+        # the same products the tensor cores form (16-bit x 16-bit is exact in fp32).
+        out = tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
+    else:
+        out = tl.dot(a, b, input_precision=PRECISION)
+    return out
+
+
+@triton.jit
+def _scores(q, k, scale, softcap, USE_SOFTCAP: tl.constexpr, F32_DOT: tl.constexpr,
+            PRECISION: tl.constexpr):
+    """q [M, D] . k [N, D]^T -> scaled (and soft-capped) scores in log2 units, fp32."""
+    s = _dot(q, tl.trans(k), F32_DOT, PRECISION) * scale
+    if USE_SOFTCAP:
+        s = softcap * _tanh(s / softcap)
+    return s * 1.4426950408889634
+
+
+@triton.jit
+def _store_kv_kernel(
+    key, value, k_cache, v_cache, slot_mapping,
+    s_kt, s_kh, s_kd, s_vt, s_vh, s_vd,
+    s_cb, s_cs, s_ch, s_cd,
+    NUM_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
+    BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
+):
+    t = tl.program_id(0)
+    slot = tl.load(slot_mapping + t).to(tl.int64)
+    h = tl.arange(0, BLOCK_H)
+    d = tl.arange(0, BLOCK_D)
+    # Negative slots are padding tokens (e.g. a padded CUDA-graph batch): skip them.
+    mask = (slot >= 0) & (h[:, None] < NUM_KV_HEADS) & (d[None, :] < HEAD_DIM)
+    t = t.to(tl.int64)
+    k = tl.load(key + t * s_kt + h[:, None] * s_kh + d[None, :] * s_kd, mask=mask)
+    v = tl.load(value + t * s_vt + h[:, None] * s_vh + d[None, :] * s_vd, mask=mask)
+    dst = (slot // BLOCK_SIZE) * s_cb + (slot % BLOCK_SIZE) * s_cs + h[:, None] * s_ch + d[None, :] * s_cd
+    tl.store(k_cache + dst, k, mask=mask)
+    tl.store(v_cache + dst, v, mask=mask)
+
+
+@triton.jit
+def _decode_kernel(
+    query, k_cache, v_cache, block_tables, context_lens,
+    out, part_acc, part_m, part_l,
+    scale, softcap, window,
+    s_qt, s_qh, s_qd,
+    s_cb, s_cs, s_ch, s_cd,
+    s_bt,
+    s_ot, s_oh, s_od,
+    GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
+    NUM_SPLITS: tl.constexpr, USE_WINDOW: tl.constexpr, USE_SOFTCAP: tl.constexpr,
+    BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    F32_DOT: tl.constexpr, PRECISION: tl.constexpr,
+):
+    seq = tl.program_id(0)
+    kv_head = tl.program_id(1)
+    split = tl.program_id(2)
+
+    g = tl.arange(0, BLOCK_G)
+    d = tl.arange(0, BLOCK_D)
+    heads = kv_head * GROUP + g
+    g_mask = g < GROUP
+    d_mask = d < HEAD_DIM
+    q = tl.load(query + seq.to(tl.int64) * s_qt + heads[:, None] * s_qh + d[None, :] * s_qd,
+                mask=g_mask[:, None] & d_mask[None, :], other=0.0)
+
+    ctx = tl.load(context_lens + seq)
+    start = 0
+    if USE_WINDOW:
+        start = tl.maximum(ctx - window, 0)  # keys j > (ctx - 1) - window
+    first_tile = start // BLOCK_N
+    num_tiles = tl.cdiv(ctx, BLOCK_N) - first_tile
+    tiles_per_split = tl.cdiv(num_tiles, NUM_SPLITS)
+    tile_lo = first_tile + split * tiles_per_split
+    tile_hi = tl.minimum(tile_lo + tiles_per_split, first_tile + num_tiles)
+
+    table = block_tables + seq.to(tl.int64) * s_bt
+    kv_off = kv_head * s_ch + d[None, :] * s_cd
+    m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_G], tl.float32)
+    acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
+    for tile in range(tile_lo, tile_hi):
+        j = tile * BLOCK_N + tl.arange(0, BLOCK_N)
+        j_mask = (j >= start) & (j < ctx)
+        block = tl.load(table + j // BLOCK_SIZE, mask=j_mask, other=0).to(tl.int64)
+        offs = (block * s_cb + (j % BLOCK_SIZE) * s_cs)[:, None] + kv_off
+        kv_mask = j_mask[:, None] & d_mask[None, :]
+        k = tl.load(k_cache + offs, mask=kv_mask, other=0.0).to(q.dtype)
+        v = tl.load(v_cache + offs, mask=kv_mask, other=0.0).to(q.dtype)
+
+        s = _scores(q, k, scale, softcap, USE_SOFTCAP, F32_DOT, PRECISION)
+        s = tl.where(j_mask[None, :], s, float("-inf"))
+        # Every tile holds at least one visible key, so m_new is finite.
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        p = tl.exp2(s - m_new[:, None])
+        alpha = tl.exp2(m_i - m_new)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None] + _dot(p.to(v.dtype), v, F32_DOT, PRECISION)
+        m_i = m_new
+
+    if NUM_SPLITS == 1:
+        o = acc / l_i[:, None]
+        tl.store(out + seq.to(tl.int64) * s_ot + heads[:, None] * s_oh + d[None, :] * s_od,
+                 o.to(out.dtype.element_ty), mask=g_mask[:, None] & d_mask[None, :])
+    else:
+        # Partials are [T, H, NUM_SPLITS, (BLOCK_D)] contiguous fp32; an empty split
+        # leaves m = -inf, l = 0, acc = 0, which the reduction weighs as zero.
+        row = (seq * (GROUP * tl.num_programs(1)) + heads).to(tl.int64) * NUM_SPLITS + split
+        tl.store(part_m + row, m_i, mask=g_mask)
+        tl.store(part_l + row, l_i, mask=g_mask)
+        tl.store(part_acc + row[:, None] * BLOCK_D + d[None, :], acc, mask=g_mask[:, None])
+
+
+@triton.jit
+def _decode_reduce_kernel(
+    part_acc, part_m, part_l, out,
+    s_ot, s_oh, s_od,
+    NUM_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, NUM_SPLITS: tl.constexpr,
+    BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr,
+):
+    seq = tl.program_id(0)
+    head = tl.program_id(1)
+    sp = tl.arange(0, BLOCK_S)
+    d = tl.arange(0, BLOCK_D)
+    row = (seq * NUM_HEADS + head).to(tl.int64) * NUM_SPLITS + sp
+    s_mask = sp < NUM_SPLITS
+    m = tl.load(part_m + row, mask=s_mask, other=float("-inf"))
+    l = tl.load(part_l + row, mask=s_mask, other=0.0)
+    acc = tl.load(part_acc + row[:, None] * BLOCK_D + d[None, :], mask=s_mask[:, None], other=0.0)
+    m_max = tl.max(m, 0)  # finite: the split holding the last key is never empty
+    w = tl.exp2(m - m_max)
+    o = tl.sum(acc * w[:, None], 0) / tl.sum(l * w, 0)
+    tl.store(out + seq.to(tl.int64) * s_ot + head * s_oh + d * s_od, o.to(out.dtype.element_ty),
+             mask=d < HEAD_DIM)
+
+
+@triton.jit
+def _prefill_kernel(
+    query, k_cache, v_cache, block_tables, tiles,
+    out,
+    scale, softcap, window,
+    s_qt, s_qh, s_qd,
+    s_cb, s_cs, s_ch, s_cd,
+    s_bt,
+    s_ot, s_oh, s_od,
+    GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
+    USE_WINDOW: tl.constexpr, USE_SOFTCAP: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    F32_DOT: tl.constexpr, PRECISION: tl.constexpr,
+):
+    tile_id = tl.program_id(0)
+    head = tl.program_id(1)
+    kv_head = head // GROUP
+
+    # Tile descriptor, see TritonAttention._prefill_tiles.
+    desc = tiles + tile_id * 4
+    chunk = tl.load(desc)
+    q_start = tl.load(desc + 1)
+    num_rows = tl.load(desc + 2)
+    pos0 = tl.load(desc + 3)
+
+    r = tl.arange(0, BLOCK_M)
+    d = tl.arange(0, BLOCK_D)
+    r_mask = r < num_rows
+    d_mask = d < HEAD_DIM
+    pos = pos0 + r
+    q_rows = (q_start + r).to(tl.int64)
+    q = tl.load(query + q_rows[:, None] * s_qt + head * s_qh + d[None, :] * s_qd,
+                mask=r_mask[:, None] & d_mask[None, :], other=0.0)
+
+    # Causality bounds the keys by the tile's last query; the window by its first.
+    end = pos0 + num_rows
+    start = 0
+    if USE_WINDOW:
+        start = tl.maximum(pos0 - window + 1, 0)
+
+    table = block_tables + chunk.to(tl.int64) * s_bt
+    kv_off = kv_head * s_ch + d[None, :] * s_cd
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    for k0 in range((start // BLOCK_N) * BLOCK_N, end, BLOCK_N):
+        j = k0 + tl.arange(0, BLOCK_N)
+        j_mask = (j >= start) & (j < end)
+        block = tl.load(table + j // BLOCK_SIZE, mask=j_mask, other=0).to(tl.int64)
+        offs = (block * s_cb + (j % BLOCK_SIZE) * s_cs)[:, None] + kv_off
+        kv_mask = j_mask[:, None] & d_mask[None, :]
+        k = tl.load(k_cache + offs, mask=kv_mask, other=0.0).to(q.dtype)
+        v = tl.load(v_cache + offs, mask=kv_mask, other=0.0).to(q.dtype)
+
+        s = _scores(q, k, scale, softcap, USE_SOFTCAP, F32_DOT, PRECISION)
+        visible = j_mask[None, :] & (j[None, :] <= pos[:, None])
+        if USE_WINDOW:
+            visible &= j[None, :] > pos[:, None] - window
+        s = tl.where(visible, s, float("-inf"))
+        # A row may see nothing in this tile (causal future, or before its window):
+        # subtract 0 instead of -inf so such rows stay at p = 0 rather than NaN.
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        m_sub = tl.where(m_new == float("-inf"), 0.0, m_new)
+        p = tl.exp2(s - m_sub[:, None])
+        alpha = tl.exp2(m_i - m_sub)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None] + _dot(p.to(v.dtype), v, F32_DOT, PRECISION)
+        m_i = m_new
+
+    o = acc / l_i[:, None]
+    tl.store(out + q_rows[:, None] * s_ot + head * s_oh + d[None, :] * s_od,
+             o.to(out.dtype.element_ty), mask=r_mask[:, None] & d_mask[None, :])
+
+
+def _interpreted(kernel) -> bool:
+    from triton.runtime.interpreter import InterpretedFunction
+
+    return isinstance(kernel, InterpretedFunction)
+
+
+def _device_table(table: torch.Tensor, device: torch.device) -> torch.Tensor:
+    table = table.to(device, non_blocking=True)
+    return table if table.stride(1) == 1 else table.contiguous()  # kernels index rows densely
+
+
+class TritonAttention:
+    """Paged attention with Triton kernels (GPU; CPU tensors under TRITON_INTERPRET=1).
+
+    ``decode_splits``: key splits per decode sequence (None: chosen from the batch
+    shape and the device's SM count). ``block_m``/``block_n``: override the query/key
+    tile sizes (powers of two >= 16), mainly for tests.
+    """
+
+    name = "triton"
+
+    def __init__(self, decode_splits: int | None = None, block_m: int | None = None,
+                 block_n: int | None = None) -> None:
+        self.decode_splits = decode_splits
+        self.block_m = block_m
+        self.block_n = block_n
+
+    # -- store ---------------------------------------------------------------
+
+    def store_kv(self, key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor,
+                 v_cache: torch.Tensor, slot_mapping: torch.Tensor) -> None:
+        num_tokens, num_kv_heads, head_dim = key.shape
+        if num_tokens == 0:
+            return
+        assert k_cache.stride() == v_cache.stride(), "k_cache and v_cache must share a layout"
+        _store_kv_kernel[(num_tokens,)](
+            key, value, k_cache, v_cache, slot_mapping,
+            *key.stride(), *value.stride(), *k_cache.stride(),
+            NUM_KV_HEADS=num_kv_heads, HEAD_DIM=head_dim, BLOCK_SIZE=k_cache.shape[1],
+            BLOCK_H=triton.next_power_of_2(num_kv_heads), BLOCK_D=triton.next_power_of_2(head_dim),
+        )
+
+    # -- attend --------------------------------------------------------------
+
+    def attend(self, query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+               meta: AttentionMetadata, scale: float, sliding_window: int | None,
+               softcap: float | None) -> torch.Tensor:
+        num_heads, head_dim = query.shape[1], query.shape[2]
+        num_kv_heads = k_cache.shape[2]
+        assert num_heads % num_kv_heads == 0, "num_heads must be a multiple of num_kv_heads"
+        assert k_cache.shape[3] == head_dim and k_cache.stride() == v_cache.stride()
+        assert k_cache.shape[1] == meta.block_size
+        out = torch.empty(query.shape, dtype=query.dtype, device=query.device)
+        common = dict(
+            scale=float(scale),
+            softcap=float(softcap) if softcap is not None else 1.0,
+            window=int(sliding_window) if sliding_window is not None else 0,
+            USE_WINDOW=sliding_window is not None,
+            USE_SOFTCAP=softcap is not None,
+            GROUP=num_heads // num_kv_heads, HEAD_DIM=head_dim, BLOCK_SIZE=meta.block_size,
+            BLOCK_D=triton.next_power_of_2(head_dim),
+            F32_DOT=_interpreted(_decode_kernel),
+            # Plain fp32 (the parity dtype) must not silently drop to tf32.
+            PRECISION="ieee" if query.dtype == torch.float32 else "tf32",
+        )
+        if meta.num_decodes:
+            self._decode(query, k_cache, v_cache, meta, out, common)
+        if meta.num_prefills:
+            self._prefill(query, k_cache, v_cache, meta, out, common)
+        return out
+
+    def _tile_n(self, head_dim: int) -> int:
+        return self.block_n or (64 if head_dim <= 128 else 32)
+
+    def _num_splits(self, num_programs: int, max_keys: int, device: torch.device) -> int:
+        if self.decode_splits is not None:
+            return self.decode_splits
+        if device.type != "cuda":
+            return 1
+        sms = torch.cuda.get_device_properties(device).multi_processor_count
+        if num_programs >= sms:
+            return 1
+        # Enough programs to fill the SMs twice, but at least ~256 keys per split.
+        return max(1, min(triton.cdiv(2 * sms, num_programs), max_keys // 256, 16))
+
+    def _decode(self, query, k_cache, v_cache, meta: AttentionMetadata, out, common) -> None:
+        nd = meta.num_decodes
+        num_heads, head_dim = query.shape[1], query.shape[2]
+        num_kv_heads = k_cache.shape[2]
+        tables = _device_table(meta.decode_block_tables, query.device)
+        lens = meta.decode_context_lens.to(query.device, non_blocking=True)
+        # The table width bounds the context without reading lens back to the host.
+        max_keys = tables.shape[1] * meta.block_size
+        if common["USE_WINDOW"]:
+            max_keys = min(max_keys, common["window"])
+        splits = self._num_splits(nd * num_kv_heads, max_keys, query.device)
+        block_d = common["BLOCK_D"]
+        if splits > 1:
+            part_acc = torch.empty(nd, num_heads, splits, block_d, dtype=torch.float32,
+                                   device=query.device)
+            part_m = torch.empty(nd, num_heads, splits, dtype=torch.float32, device=query.device)
+            part_l = torch.empty_like(part_m)
+        else:
+            part_acc = part_m = part_l = out  # unused
+        _decode_kernel[(nd, num_kv_heads, splits)](
+            query, k_cache, v_cache, tables, lens,
+            out, part_acc, part_m, part_l,
+            common["scale"], common["softcap"], common["window"],
+            *query.stride(), *k_cache.stride(), tables.stride(0), *out.stride(),
+            GROUP=common["GROUP"], HEAD_DIM=head_dim, BLOCK_SIZE=meta.block_size,
+            NUM_SPLITS=splits, USE_WINDOW=common["USE_WINDOW"], USE_SOFTCAP=common["USE_SOFTCAP"],
+            BLOCK_G=max(16, triton.next_power_of_2(common["GROUP"])),
+            BLOCK_N=self._tile_n(head_dim), BLOCK_D=block_d,
+            F32_DOT=common["F32_DOT"], PRECISION=common["PRECISION"],
+            num_warps=4,
+        )
+        if splits > 1:
+            _decode_reduce_kernel[(nd, num_heads)](
+                part_acc, part_m, part_l, out, *out.stride(),
+                NUM_HEADS=num_heads, HEAD_DIM=head_dim, NUM_SPLITS=splits,
+                BLOCK_S=triton.next_power_of_2(splits), BLOCK_D=block_d,
+            )
+
+    def _prefill_tiles(self, meta: AttentionMetadata, block_m: int, device: torch.device) -> torch.Tensor:
+        """[num_tiles, 4] int32: (chunk, first query row in the flat batch, rows in the
+        tile, position of the first row). Longest tiles first, so the big ones do
+        not start last and leave a tail."""
+        qlens = torch.tensor(meta.prefill_query_lens, dtype=torch.int64)
+        starts = torch.tensor(meta.prefill_query_starts, dtype=torch.int64)
+        ctxs = torch.tensor(meta.prefill_context_lens, dtype=torch.int64)
+        per_chunk = (qlens + block_m - 1) // block_m
+        chunk = torch.repeat_interleave(torch.arange(len(qlens)), per_chunk)
+        first_tile = torch.cumsum(per_chunk, 0) - per_chunk
+        offset = (torch.arange(len(chunk)) - first_tile[chunk]) * block_m
+        rows = torch.clamp(qlens[chunk] - offset, max=block_m)
+        pos0 = ctxs[chunk] - qlens[chunk] + offset
+        tiles = torch.stack([chunk, starts[chunk] + offset, rows, pos0], 1)
+        tiles = tiles[torch.argsort(pos0 + rows, descending=True, stable=True)].to(torch.int32)
+        if device.type == "cuda":
+            return tiles.pin_memory().to(device, non_blocking=True)
+        return tiles.to(device)
+
+    def _prefill(self, query, k_cache, v_cache, meta: AttentionMetadata, out, common) -> None:
+        num_heads, head_dim = query.shape[1], query.shape[2]
+        block_m = self.block_m or 64
+        tiles = self._prefill_tiles(meta, block_m, query.device)
+        tables = _device_table(meta.prefill_block_tables, query.device)
+        _prefill_kernel[(tiles.shape[0], num_heads)](
+            query, k_cache, v_cache, tables, tiles,
+            out,
+            common["scale"], common["softcap"], common["window"],
+            *query.stride(), *k_cache.stride(), tables.stride(0), *out.stride(),
+            GROUP=common["GROUP"], HEAD_DIM=head_dim, BLOCK_SIZE=meta.block_size,
+            USE_WINDOW=common["USE_WINDOW"], USE_SOFTCAP=common["USE_SOFTCAP"],
+            BLOCK_M=block_m, BLOCK_N=self._tile_n(head_dim), BLOCK_D=common["BLOCK_D"],
+            F32_DOT=common["F32_DOT"], PRECISION=common["PRECISION"],
+            num_warps=4 if head_dim <= 64 else 8,
+        )

@@ -1,0 +1,153 @@
+"""One decoder-only transformer for the Llama family and Gemma 3, over a paged KV cache.
+
+The model takes a flat batch (all sequences' new tokens concatenated) and returns final
+hidden states; the engine decides which rows need logits and over which vocabulary
+columns (`compute_logits`), because the output layer is the most expensive matmul for
+small models with large vocabularies.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+from torch import nn
+
+from tts_runtime.models.arch import ArchConfig, RopeConfig
+from tts_runtime.models.layers import GatedMLP, RMSNorm, apply_rotary, inverse_frequencies, rotary_cos_sin
+
+if TYPE_CHECKING:  # the engine sits above the models: type names only, no import cycle
+    from tts_runtime.engine.attention import AttentionBackend, AttentionMetadata
+
+
+class Attention(nn.Module):
+    def __init__(self, arch: ArchConfig, layer: int) -> None:
+        super().__init__()
+        self.num_heads, self.num_kv_heads, self.head_dim = arch.num_heads, arch.num_kv_heads, arch.head_dim
+        self.q_size = self.num_heads * self.head_dim
+        self.kv_size = self.num_kv_heads * self.head_dim
+        self.qkv_proj = nn.Linear(arch.hidden_size, self.q_size + 2 * self.kv_size, bias=arch.attention_bias)
+        self.o_proj = nn.Linear(self.q_size, arch.hidden_size, bias=False)
+        self.q_norm = RMSNorm(self.head_dim, arch.rms_norm_eps, True) if arch.is_gemma else None
+        self.k_norm = RMSNorm(self.head_dim, arch.rms_norm_eps, True) if arch.is_gemma else None
+        self.scale = arch.attention_scale
+        self.window = arch.layer_window[layer]
+        self.softcap = arch.attn_logit_softcapping
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                kv_cache: tuple[torch.Tensor, torch.Tensor], meta: AttentionMetadata,
+                backend: AttentionBackend) -> torch.Tensor:
+        t = x.shape[0]
+        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q = q.view(t, self.num_heads, self.head_dim)
+        k = k.view(t, self.num_kv_heads, self.head_dim)
+        v = v.view(t, self.num_kv_heads, self.head_dim)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        k_cache, v_cache = kv_cache
+        backend.store_kv(k, v, k_cache, v_cache, meta.slot_mapping)
+        out = backend.attend(q, k_cache, v_cache, meta, self.scale, self.window, self.softcap)
+        return self.o_proj(out.reshape(t, self.q_size))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, arch: ArchConfig, layer: int) -> None:
+        super().__init__()
+        gemma = arch.is_gemma
+        self.self_attn = Attention(arch, layer)
+        self.mlp = GatedMLP(arch.hidden_size, arch.intermediate_size, arch.hidden_act)
+        self.input_layernorm = RMSNorm(arch.hidden_size, arch.rms_norm_eps, gemma)
+        self.post_attention_layernorm = RMSNorm(arch.hidden_size, arch.rms_norm_eps, gemma)
+        # Gemma normalises both sides of each sublayer ("sandwich" norms).
+        self.pre_feedforward_layernorm = RMSNorm(arch.hidden_size, arch.rms_norm_eps, True) if gemma else None
+        self.post_feedforward_layernorm = RMSNorm(arch.hidden_size, arch.rms_norm_eps, True) if gemma else None
+        self.rope_index = layer
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                kv_cache: tuple[torch.Tensor, torch.Tensor], meta: AttentionMetadata,
+                backend: AttentionBackend) -> torch.Tensor:
+        h = self.self_attn(self.input_layernorm(x), cos, sin, kv_cache, meta, backend)
+        if self.pre_feedforward_layernorm is None:
+            x = x + h
+            return x + self.mlp(self.post_attention_layernorm(x))
+        x = x + self.post_attention_layernorm(h)
+        return x + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(x)))
+
+
+class DecoderModel(nn.Module):
+    def __init__(self, arch: ArchConfig) -> None:
+        super().__init__()
+        self.arch = arch
+        self.embed_tokens = nn.Embedding(arch.vocab_size, arch.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(arch, i) for i in range(arch.num_layers))
+        self.norm = RMSNorm(arch.hidden_size, arch.rms_norm_eps, arch.is_gemma)
+        self.lm_head = None if arch.tie_word_embeddings else nn.Linear(arch.hidden_size, arch.vocab_size, bias=False)
+        # Layers share rope tables when their rope configs agree (Gemma: local vs global).
+        self._ropes: list[RopeConfig] = list(dict.fromkeys(arch.layer_rope))
+        self._layer_rope_slot = [self._ropes.index(r) for r in arch.layer_rope]
+        self._inv_freqs: dict[torch.device, list[torch.Tensor]] = {}
+
+    def _inverse_frequencies(self, device: torch.device) -> list[torch.Tensor]:
+        # Kept out of the parameters/buffers so dtype casts never touch them (fp32, like HF).
+        if device not in self._inv_freqs:
+            self._inv_freqs[device] = [inverse_frequencies(r, self.arch.head_dim).to(device)
+                                       for r in self._ropes]
+        return self._inv_freqs[device]
+
+    @property
+    def output_weight(self) -> torch.Tensor:
+        return self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
+                kv_caches: list[tuple[torch.Tensor, torch.Tensor]], meta: AttentionMetadata,
+                backend: AttentionBackend) -> torch.Tensor:
+        x = self.embed_tokens(input_ids)
+        if self.arch.is_gemma:
+            x = x * torch.tensor(self.arch.hidden_size ** 0.5, dtype=x.dtype)
+        tables = [rotary_cos_sin(f, positions, x.dtype) for f in self._inverse_frequencies(positions.device)]
+        for layer, kv_cache, slot in zip(self.layers, kv_caches, self._layer_rope_slot):
+            cos, sin = tables[slot]
+            x = layer(x, cos, sin, kv_cache, meta, backend)
+        return self.norm(x)
+
+    def compute_logits(self, hidden: torch.Tensor, columns: torch.Tensor | None = None) -> torch.Tensor:
+        """Logits for the given rows; `columns` restricts the output layer to those token ids."""
+        weight = self.output_weight if columns is None else self.output_weight[columns]
+        logits = hidden @ weight.t()
+        cap = self.arch.final_logit_softcapping
+        if cap is not None:
+            logits = cap * torch.tanh(logits / cap)
+        return logits
+
+    def load_hf_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        """Map HF parameter names onto this module, fusing q/k/v and gate/up."""
+        own = self.state_dict()
+        loaded: set[str] = set()
+
+        def put(name: str, tensor: torch.Tensor) -> None:
+            own[name].copy_(tensor)
+            loaded.add(name)
+
+        for i in range(self.arch.num_layers):
+            p = f"model.layers.{i}."
+            attn = p + "self_attn."
+            put(f"layers.{i}.self_attn.qkv_proj.weight", torch.cat(
+                [state[attn + f"{n}_proj.weight"] for n in "qkv"]))
+            if self.arch.attention_bias:
+                put(f"layers.{i}.self_attn.qkv_proj.bias", torch.cat(
+                    [state[attn + f"{n}_proj.bias"] for n in "qkv"]))
+            put(f"layers.{i}.mlp.gate_up_proj.weight", torch.cat(
+                [state[p + "mlp.gate_proj.weight"], state[p + "mlp.up_proj.weight"]]))
+            for name in own:
+                prefix = f"layers.{i}."
+                if name.startswith(prefix) and name not in loaded and "qkv_proj" not in name \
+                        and "gate_up_proj" not in name:
+                    put(name, state["model." + name])
+        put("embed_tokens.weight", state["model.embed_tokens.weight"])
+        put("norm.weight", state["model.norm.weight"])
+        if self.lm_head is not None:
+            put("lm_head.weight", state["lm_head.weight"])
+        missing = set(own) - loaded
+        if missing:
+            raise ValueError(f"checkpoint is missing weights: {sorted(missing)[:5]}")
