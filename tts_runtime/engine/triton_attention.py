@@ -66,18 +66,19 @@ def _store_kv_kernel(
     NUM_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
     BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
-    t = tl.program_id(0)
+    t = tl.program_id(0).to(tl.int64)
     slot = tl.load(slot_mapping + t).to(tl.int64)
-    h = tl.arange(0, BLOCK_H)
-    d = tl.arange(0, BLOCK_D)
     # Negative slots are padding tokens (e.g. a padded CUDA-graph batch): skip them.
-    mask = (slot >= 0) & (h[:, None] < NUM_KV_HEADS) & (d[None, :] < HEAD_DIM)
-    t = t.to(tl.int64)
-    k = tl.load(key + t * s_kt + h[:, None] * s_kh + d[None, :] * s_kd, mask=mask)
-    v = tl.load(value + t * s_vt + h[:, None] * s_vh + d[None, :] * s_vd, mask=mask)
-    dst = (slot // BLOCK_SIZE) * s_cb + (slot % BLOCK_SIZE) * s_cs + h[:, None] * s_ch + d[None, :] * s_cd
-    tl.store(k_cache + dst, k, mask=mask)
-    tl.store(v_cache + dst, v, mask=mask)
+    if slot >= 0:
+        h = tl.arange(0, BLOCK_H)
+        d = tl.arange(0, BLOCK_D)
+        mask = (h[:, None] < NUM_KV_HEADS) & (d[None, :] < HEAD_DIM)
+        k = tl.load(key + t * s_kt + h[:, None] * s_kh + d[None, :] * s_kd, mask=mask)
+        v = tl.load(value + t * s_vt + h[:, None] * s_vh + d[None, :] * s_vd, mask=mask)
+        dst = ((slot // BLOCK_SIZE) * s_cb + (slot % BLOCK_SIZE) * s_cs
+               + h[:, None] * s_ch + d[None, :] * s_cd)
+        tl.store(k_cache + dst, k, mask=mask)
+        tl.store(v_cache + dst, v, mask=mask)
 
 
 @triton.jit
@@ -205,7 +206,8 @@ def _prefill_kernel(
     d = tl.arange(0, BLOCK_D)
     r_mask = r < num_rows
     d_mask = d < HEAD_DIM
-    pos = pos0 + r
+    # Padding rows take the last row's position, so none of them sees zero keys (0/0).
+    pos = pos0 + tl.minimum(r, num_rows - 1)
     q_rows = (q_start + r).to(tl.int64)
     q = tl.load(query + q_rows[:, None] * s_qt + head * s_qh + d[None, :] * s_qd,
                 mask=r_mask[:, None] & d_mask[None, :], other=0.0)

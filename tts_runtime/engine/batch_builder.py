@@ -1,0 +1,98 @@
+"""Turns a scheduled batch into flat model inputs (token ids, positions, KV slots,
+attention metadata) and remembers which output row belongs to which sequence."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from tts_runtime.engine.attention import AttentionMetadata
+from tts_runtime.engine.executor import ModelInput
+from tts_runtime.engine.scheduler import ScheduledBatch
+from tts_runtime.engine.sequence import Sequence
+
+
+@dataclass
+class BatchLayout:
+    """Where each sequence's results land in the model output."""
+
+    sample_seqs: list[Sequence] = field(default_factory=list)
+    # Per score group: list of (sequence, requested position) in row order.
+    score_targets: list[list[tuple[Sequence, int]]] = field(default_factory=list)
+    chunks: list[tuple[Sequence, int]] = field(default_factory=list)  # every (sequence, tokens computed)
+
+
+def _padded_tables(tables: list[list[int]], device: torch.device) -> torch.Tensor:
+    width = max((len(t) for t in tables), default=1) or 1
+    return torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.int32, device=device)
+
+
+def build_model_input(batch: ScheduledBatch, block_size: int,
+                      device: torch.device) -> tuple[ModelInput, BatchLayout]:
+    ids: list[int] = []
+    positions: list[int] = []
+    slots: list[int] = []
+    layout = BatchLayout()
+    sample_rows: list[int] = []
+    score_groups: dict[tuple[int, ...], tuple[list[int], list[tuple[Sequence, int]]]] = {}
+
+    for seq in batch.decodes:
+        pos = seq.num_computed_tokens
+        ids.append(seq.token_ids[pos])
+        positions.append(pos)
+        slots.append(seq.block_table[pos // block_size] * block_size + pos % block_size)
+        sample_rows.append(len(ids) - 1)
+        layout.sample_seqs.append(seq)
+        layout.chunks.append((seq, 1))
+
+    starts, query_lens, context_lens, tables = [], [], [], []
+    for seq, n in batch.prefills:
+        start, first = len(ids), seq.num_computed_tokens
+        end = first + n
+        ids.extend(seq.token_ids[first:end])
+        positions.extend(range(first, end))
+        table = seq.block_table
+        slots.extend(table[p // block_size] * block_size + p % block_size for p in range(first, end))
+        starts.append(start)
+        query_lens.append(n)
+        context_lens.append(end)
+        tables.append(table)
+        layout.chunks.append((seq, n))
+        if seq.is_score:
+            params = seq.group.params
+            rows, targets = score_groups.setdefault(params.candidate_token_ids, ([], []))
+            for p in params.positions:
+                if first <= p < end:
+                    rows.append(start + p - first)
+                    targets.append((seq, p))
+        elif end == seq.num_tokens:
+            sample_rows.append(len(ids) - 1)
+            layout.sample_seqs.append(seq)
+
+    meta = AttentionMetadata(
+        slot_mapping=torch.tensor(slots, dtype=torch.long, device=device),
+        num_decodes=len(batch.decodes),
+        decode_block_tables=_padded_tables([s.block_table for s in batch.decodes], device),
+        decode_context_lens=torch.tensor([s.num_computed_tokens + 1 for s in batch.decodes],
+                                         dtype=torch.int32, device=device),
+        prefill_query_starts=starts,
+        prefill_query_lens=query_lens,
+        prefill_context_lens=context_lens,
+        prefill_block_tables=_padded_tables(tables, device),
+        block_size=block_size,
+    )
+    score_rows = []
+    for candidates, (rows, targets) in score_groups.items():
+        if rows:
+            score_rows.append((torch.tensor(rows, dtype=torch.long, device=device),
+                               torch.tensor(candidates, dtype=torch.long, device=device)))
+            layout.score_targets.append(targets)
+    model_input = ModelInput(
+        input_ids=torch.tensor(ids, dtype=torch.long, device=device),
+        positions=torch.tensor(positions, dtype=torch.long, device=device),
+        meta=meta,
+        sample_rows=torch.tensor(sample_rows, dtype=torch.long, device=device),
+        score_rows=score_rows,
+    )
+    return model_input, layout

@@ -1,0 +1,301 @@
+"""The inference engine: requests in, one scheduled forward per `step`, results out."""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+
+import torch
+
+from memory.events import BlockEventListener
+from tts_runtime.config import ConfigError, EngineConfig, ModelSpec, resolve_device, resolve_dtype
+from tts_runtime.engine.attention import select_backend
+from tts_runtime.engine.batch_builder import BatchLayout, build_model_input
+from tts_runtime.engine.block_manager import ROOT_HASH, BlockManager
+from tts_runtime.engine.detokenizer import IncrementalDetokenizer
+from tts_runtime.engine.executor import LocalExecutor, ModelOutput
+from tts_runtime.engine.kv_cache import allocate_kv_cache, bytes_per_block
+from tts_runtime.engine.request import CompletionOutput, RequestOutput, SamplingParams, ScoreParams
+from tts_runtime.engine.sampler import SamplingRow, child_generator, sample
+from tts_runtime.engine.scheduler import Scheduler
+from tts_runtime.engine.sequence import RequestGroup, Sequence, SequenceStatus
+from tts_runtime.models.loader import LoadedModel, load_model
+
+DEFAULT_CPU_KV_BYTES = 1 << 30
+
+
+class RequestError(ConfigError):
+    """A request the engine cannot serve as given."""
+
+
+@dataclass
+class EngineStats:
+    steps: int = 0
+    prompt_tokens: int = 0
+    computed_tokens: int = 0  # tokens that went through the model
+    cached_prompt_tokens: int = 0  # prompt tokens served from the prefix cache
+    generated_tokens: int = 0
+    scored_positions: int = 0
+    decode_batch_sizes: list[int] = field(default_factory=list)
+
+    def as_dict(self) -> dict:
+        sizes = self.decode_batch_sizes
+        return {
+            "steps": self.steps, "prompt_tokens": self.prompt_tokens,
+            "computed_tokens": self.computed_tokens, "cached_prompt_tokens": self.cached_prompt_tokens,
+            "generated_tokens": self.generated_tokens, "scored_positions": self.scored_positions,
+            "mean_decode_batch": sum(sizes) / len(sizes) if sizes else 0.0,
+        }
+
+
+class Engine:
+    def __init__(self, spec: ModelSpec | str, config: EngineConfig | None = None, *,
+                 loaded: LoadedModel | None = None, num_blocks: int | None = None) -> None:
+        spec = ModelSpec(spec) if isinstance(spec, str) else spec
+        self.spec = spec
+        self.config = config or EngineConfig()
+        self.device = resolve_device(self.config.device)
+        self.dtype = resolve_dtype(spec.dtype, self.device)
+        self.loaded = loaded or load_model(spec.model, self.dtype, self.device)
+        self.model, self.arch, self.tokenizer = self.loaded.model, self.loaded.arch, self.loaded.tokenizer
+        cache = self.config.cache
+        self.block_size = cache.block_size
+        self.num_blocks = num_blocks or cache.num_blocks or self._blocks_for_bytes(cache.kv_cache_bytes)
+        if self.num_blocks < 1:
+            raise ConfigError(f"KV cache budget holds no block of {self.block_size} tokens for "
+                              f"{spec.model}; raise the KV memory budget")
+        self.blocks = BlockManager(self.num_blocks, self.block_size, cache.enable_prefix_caching)
+        self.scheduler = Scheduler(self.config.scheduler, self.blocks)
+        self.kv_caches = allocate_kv_cache(self.arch, self.num_blocks, self.block_size, self.dtype, self.device)
+        self.backend = select_backend(self.config.attention_backend, self.device)
+        self.executor = LocalExecutor(self.model, self.kv_caches, self.backend)
+        self.stats = EngineStats()
+        self._groups: dict[str, RequestGroup] = {}
+        self._seq_ids = itertools.count()
+        self._arrivals = itertools.count()
+        self._generator = torch.Generator(device=self.device).manual_seed(self.config.seed)
+        self.eos_token_ids = set(self.arch.eos_token_ids)
+        if self.tokenizer is not None and self.tokenizer.eos_token_id is not None:
+            self.eos_token_ids.add(self.tokenizer.eos_token_id)
+
+    def _blocks_for_bytes(self, budget: int | None) -> int:
+        budget = DEFAULT_CPU_KV_BYTES if budget is None else budget
+        return budget // bytes_per_block(self.arch, self.block_size, self.dtype)
+
+    @property
+    def max_model_len(self) -> int:
+        return self.arch.max_position_embeddings
+
+    def add_block_listener(self, listener: BlockEventListener) -> None:
+        self.blocks.listeners.append(listener)
+
+    # -- requests --------------------------------------------------------------------
+    def tokenize(self, prompt: str | list[int]) -> list[int]:
+        if isinstance(prompt, str):
+            if self.tokenizer is None:
+                raise RequestError(f"{self.spec.model} has no tokenizer (dummy weights): pass token ids")
+            return self.tokenizer(prompt)["input_ids"]
+        return list(prompt)
+
+    def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams | ScoreParams) -> None:
+        if request_id in self._groups:
+            raise RequestError(f"duplicate request id '{request_id}'")
+        token_ids = self.tokenize(prompt)
+        self._validate(token_ids, params)
+        group = RequestGroup(request_id, token_ids, params, next(self._arrivals))
+        seq = self._new_sequence(group, list(token_ids), 0)
+        self._groups[request_id] = group
+        self.scheduler.add(seq)
+        self.stats.prompt_tokens += len(token_ids)
+
+    def _validate(self, token_ids: list[int], params: SamplingParams | ScoreParams) -> None:
+        if not token_ids:
+            raise RequestError("empty prompt: a request needs at least one token")
+        if len(token_ids) >= self.max_model_len:
+            raise RequestError(f"prompt has {len(token_ids)} tokens but {self.spec.model} has a context "
+                               f"of {self.max_model_len}; shorten the prompt")
+        vocab = self.arch.vocab_size
+        if max(token_ids) >= vocab or min(token_ids) < 0:
+            raise RequestError(f"prompt token ids must be in [0, {vocab})")
+        if isinstance(params, ScoreParams):
+            bad = [p for p in params.positions if not 0 <= p < len(token_ids)]
+            if bad:
+                raise RequestError(f"score positions {bad} outside the prompt of {len(token_ids)} tokens")
+            if max(params.candidate_token_ids) >= vocab:
+                raise RequestError(f"candidate token ids must be in [0, {vocab})")
+            needed = len(token_ids)
+        else:
+            needed = min(len(token_ids) + params.max_tokens, self.max_model_len)
+        if -(-needed // self.block_size) > self.num_blocks:
+            raise RequestError(
+                f"KV cache too small for one sequence: {needed} tokens need "
+                f"{-(-needed // self.block_size)} blocks, the pool has {self.num_blocks}; "
+                "raise the KV memory budget (--device-memory / --kv-cache-memory)")
+
+    def _new_sequence(self, group: RequestGroup, token_ids: list[int], index: int) -> Sequence:
+        params = group.params
+        seq = Sequence(next(self._seq_ids), group, token_ids, index=index)
+        if isinstance(params, SamplingParams):
+            seq.generator = child_generator(params.seed, index, self.device)
+            if params.stop and self.tokenizer is not None:
+                seq.detokenizer = IncrementalDetokenizer(self.tokenizer)
+        group.sequences.append(seq)
+        return seq
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self._groups)
+
+    @property
+    def num_unfinished_requests(self) -> int:
+        return len(self._groups)
+
+    # -- one iteration ---------------------------------------------------------------
+    def step(self) -> list[RequestOutput]:
+        self.blocks.step = self.stats.steps
+        batch = self.scheduler.schedule()
+        if batch.empty:
+            if self.scheduler.has_work:
+                raise RuntimeError("scheduler made no progress with requests pending")
+            return []
+        model_input, layout = build_model_input(batch, self.block_size, self.device)
+        output = self.executor.submit(model_input).result()
+        self.stats.steps += 1
+        self.stats.computed_tokens += batch.num_tokens
+        if batch.decodes:
+            self.stats.decode_batch_sizes.append(len(batch.decodes))
+        return self._process(layout, output)
+
+    def _process(self, layout: BatchLayout, output: ModelOutput) -> list[RequestOutput]:
+        for seq, n in layout.chunks:
+            seq.num_computed_tokens += n
+            self._register_full_blocks(seq)
+        for targets, logits in zip(layout.score_targets, output.score_logits):
+            self._record_scores(targets, logits)
+        if layout.sample_seqs:
+            self._sample(layout.sample_seqs, output.sample_logits)
+        finished = []
+        for seq, _ in layout.chunks:
+            group = seq.group
+            if group.is_score and seq.num_computed_tokens == seq.num_tokens:
+                self.scheduler.finish(seq)
+            if group.request_id in self._groups and group.finished:
+                finished.append(self._finish_group(group))
+        return finished
+
+    def _register_full_blocks(self, seq: Sequence) -> None:
+        bs = self.block_size
+        full = seq.num_computed_tokens // bs
+        while len(seq.block_hashes) < full:
+            k = len(seq.block_hashes)
+            parent = seq.block_hashes[-1] if seq.block_hashes else ROOT_HASH
+            tokens = tuple(seq.token_ids[k * bs:(k + 1) * bs])
+            seq.block_hashes.append(self.blocks.register_full_block(seq.block_table[k], parent, tokens))
+
+    def _record_scores(self, targets: list[tuple[Sequence, int]], logits: torch.Tensor) -> None:
+        values = logits.float()
+        probs = values.softmax(dim=-1)
+        for (seq, position), row_logits, row_probs in zip(targets, values.tolist(), probs.tolist()):
+            seq.group.score_rows[position] = row_logits if seq.group.params.return_logits else row_probs
+            self.stats.scored_positions += 1
+
+    def _sample(self, seqs: list[Sequence], logits: torch.Tensor) -> None:
+        rows = [SamplingRow(s.group.params, s.token_ids, s.num_prompt_tokens, s.generator) for s in seqs]
+        tokens = sample(logits, rows, self._generator)
+        forks = [s for s in seqs if s.num_tokens == s.num_prompt_tokens and s.group.params.n > 1
+                 and len(s.group.sequences) == 1]
+        for seq in forks:
+            self._fork(seq, logits[seqs.index(seq)])
+        for seq, token in zip(seqs, tokens):
+            self._append_token(seq, token)
+
+    def _fork(self, parent: Sequence, logits: torch.Tensor) -> None:
+        """n > 1: children share the prompt's full blocks and sample their own first token."""
+        group = parent.group
+        bs = self.block_size
+        shared = parent.block_table[: parent.num_prompt_tokens // bs]
+        for index in range(1, group.params.n):
+            child = self._new_sequence(group, list(parent.token_ids), index)
+            rows = [SamplingRow(group.params, child.token_ids, child.num_prompt_tokens, child.generator)]
+            token = sample(logits.unsqueeze(0), rows, self._generator)[0]
+            self.blocks.share(shared)
+            child.block_table = list(shared)
+            child.block_hashes = list(parent.block_hashes[: len(shared)])
+            child.num_computed_tokens = len(shared) * bs
+            child.status = SequenceStatus.RUNNING
+            self.scheduler.running.append(child)
+            self._append_token(child, token)
+
+    def _append_token(self, seq: Sequence, token: int) -> None:
+        params: SamplingParams = seq.group.params
+        seq.token_ids.append(token)
+        self.stats.generated_tokens += 1
+        num_output = seq.num_tokens - seq.num_prompt_tokens
+        reason = None
+        if token in self.eos_token_ids and not params.ignore_eos:
+            seq.token_ids.pop()  # EOS ends the sequence; it is not part of the output
+            reason = "eos"
+        elif token in params.stop_token_ids:
+            reason = "stop"
+        elif seq.detokenizer is not None:
+            seq.detokenizer.append(token)
+            if self._hit_stop_string(seq, params):
+                reason = "stop"
+        if reason is None and (num_output >= params.max_tokens or seq.num_tokens >= self.max_model_len):
+            reason = "length"
+        if reason is not None:
+            seq.finish_reason = reason
+            self.scheduler.finish(seq)
+
+    def _hit_stop_string(self, seq: Sequence, params: SamplingParams) -> bool:
+        text = seq.detokenizer.text
+        for stop in params.stop:
+            at = text.find(stop)
+            if at >= 0:
+                seq.detokenizer.text = text[: at + len(stop)] if params.include_stop_str_in_output else text[:at]
+                return True
+        return False
+
+    def _finish_group(self, group: RequestGroup) -> RequestOutput:
+        del self._groups[group.request_id]
+        self.stats.cached_prompt_tokens += group.num_cached_prompt_tokens
+        out = RequestOutput(group.request_id, group.prompt_token_ids,
+                            num_cached_prompt_tokens=group.num_cached_prompt_tokens)
+        if group.is_score:
+            out.scores = [group.score_rows[p] for p in group.params.positions]
+            return out
+        for seq in sorted(group.sequences, key=lambda s: s.index):
+            ids = seq.output_token_ids
+            text = seq.detokenizer.text if seq.detokenizer is not None else self._decode(ids)
+            out.completions.append(CompletionOutput(seq.index, ids, text, seq.finish_reason))
+        return out
+
+    def _decode(self, ids: list[int]) -> str:
+        if self.tokenizer is None:
+            return ""
+        return self.tokenizer.decode(ids, skip_special_tokens=True)
+
+    # -- convenience -----------------------------------------------------------------
+    def run_until_done(self) -> list[RequestOutput]:
+        outputs = []
+        while self.has_unfinished_requests():
+            outputs.extend(self.step())
+        return outputs
+
+    def generate(self, prompts: list[str | list[int]],
+                 params: SamplingParams | list[SamplingParams]) -> list[RequestOutput]:
+        per_prompt = params if isinstance(params, list) else [params] * len(prompts)
+        return self._run_batch(prompts, per_prompt)
+
+    def score(self, prompts: list[str | list[int]], params: ScoreParams | list[ScoreParams]) -> list[RequestOutput]:
+        per_prompt = params if isinstance(params, list) else [params] * len(prompts)
+        return self._run_batch(prompts, per_prompt)
+
+    def _run_batch(self, prompts, params) -> list[RequestOutput]:
+        base = f"batch{next(self._arrivals)}-"
+        for i, (prompt, p) in enumerate(zip(prompts, params)):
+            self.add_request(f"{base}{i}", prompt, p)
+        results = {o.request_id: o for o in self.run_until_done()}
+        return [results[f"{base}{i}"] for i in range(len(prompts))]
+
+    def shutdown(self) -> None:
+        self.executor.shutdown()

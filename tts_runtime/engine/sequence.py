@@ -1,0 +1,87 @@
+"""Sequences (one token stream with its KV blocks) and the requests that own them."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+import torch
+
+from tts_runtime.engine.detokenizer import IncrementalDetokenizer
+from tts_runtime.engine.request import FinishReason, SamplingParams, ScoreParams
+
+
+class SequenceStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+@dataclass(eq=False)
+class Sequence:
+    seq_id: int
+    group: "RequestGroup"
+    token_ids: list[int]
+    index: int = 0  # child index within its request (n > 1)
+    num_computed_tokens: int = 0
+    block_table: list[int] = field(default_factory=list)
+    # Chained hashes of this sequence's full blocks, in order (for registering new ones).
+    block_hashes: list[int] = field(default_factory=list)
+    status: SequenceStatus = SequenceStatus.WAITING
+    finish_reason: FinishReason | None = None
+    generator: torch.Generator | None = None
+    detokenizer: IncrementalDetokenizer | None = None
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return self.group.num_prompt_tokens
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def output_token_ids(self) -> list[int]:
+        return self.token_ids[self.num_prompt_tokens:]
+
+    @property
+    def num_uncomputed_tokens(self) -> int:
+        return len(self.token_ids) - self.num_computed_tokens
+
+    @property
+    def is_decode(self) -> bool:
+        """Exactly one token to compute and it was sampled (not part of the prompt)."""
+        return self.num_uncomputed_tokens == 1 and self.num_tokens > self.num_prompt_tokens
+
+    @property
+    def is_score(self) -> bool:
+        return self.group.is_score
+
+
+@dataclass(eq=False)
+class RequestGroup:
+    """One user request: a prompt plus its sequences (n children for generate)."""
+
+    request_id: str
+    prompt_token_ids: list[int]
+    params: SamplingParams | ScoreParams
+    arrival: int
+    sequences: list[Sequence] = field(default_factory=list)
+    num_cached_prompt_tokens: int = 0
+    # Score requests: results per requested position, filled as chunks complete.
+    score_rows: dict[int, list[float]] = field(default_factory=dict)
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def is_score(self) -> bool:
+        return isinstance(self.params, ScoreParams)
+
+    @property
+    def finished(self) -> bool:
+        if self.is_score:
+            return len(self.score_rows) == len(self.params.positions)
+        return (len(self.sequences) == self.params.n
+                and all(s.status is SequenceStatus.FINISHED for s in self.sequences))
