@@ -1,8 +1,9 @@
 """Turns next-token logits into tokens, one row per sequence, with per-row parameters.
 
-Sampling uses the exponential race (argmax of p / E with E ~ Exp(1)), which draws
-exactly from p; a seeded request draws its noise from its own generator, so its tokens
-do not depend on what else shares the batch.
+Sampling inverts the CDF with one uniform number per row (filling a whole vocabulary row
+with noise costs more than the forward of a small model on a CPU); a seeded request draws
+its number from its own generator, so its tokens do not depend on what else shares the
+batch.
 """
 
 from __future__ import annotations
@@ -89,15 +90,24 @@ def sample(logits: torch.Tensor, rows: list[SamplingRow], generator: torch.Gener
         return out
     sub_rows = [rows[i] for i in random_rows]
     probs = _filter(logits[random_rows], sub_rows)
-    noise = torch.empty_like(probs)
-    unseeded = [j for j, r in enumerate(sub_rows) if r.generator is None]
-    if unseeded:
-        noise[unseeded] = torch.empty((len(unseeded), probs.shape[1]), device=probs.device).exponential_(
-            generator=generator)
-    for j, row in enumerate(sub_rows):
-        if row.generator is not None:
-            noise[j].exponential_(generator=row.generator)
-    picks = (probs / noise).argmax(dim=-1).tolist()
+    picks = _inverse_cdf(probs, _uniforms(sub_rows, generator, probs.device)).tolist()
     for i, t in zip(random_rows, picks):
         out[i] = t
     return out
+
+
+def _uniforms(rows: list[SamplingRow], generator: torch.Generator | None, device: torch.device) -> torch.Tensor:
+    """One number in (0, 1] per row: seeded rows from their own stream."""
+    u = 1.0 - torch.rand(len(rows), generator=generator, device=device, dtype=torch.float64)
+    for j, row in enumerate(rows):
+        if row.generator is not None:
+            u[j] = 1.0 - torch.rand(1, generator=row.generator, device=device, dtype=torch.float64)
+    return u
+
+
+def _inverse_cdf(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    # fp64 running sum: the tail of a 262k-entry fp32 sum drifts enough to bias rare tokens.
+    cdf = probs.double().cumsum(dim=-1)
+    targets = (u * cdf[:, -1]).unsqueeze(1)
+    # First index whose cdf reaches the target; target > 0 skips zero-probability tokens.
+    return torch.searchsorted(cdf, targets).squeeze(1).clamp_(max=probs.shape[1] - 1)

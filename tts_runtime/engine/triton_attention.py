@@ -23,13 +23,13 @@ Probabilities are cast to the value dtype before the PV product, as the referenc
 
 from __future__ import annotations
 
-import math
-
 import torch
 import triton
 import triton.language as tl
+from triton.runtime.interpreter import InterpretedFunction
 
 from tts_runtime.engine.attention import AttentionMetadata
+
 
 @triton.jit
 def _tanh(x):
@@ -40,8 +40,7 @@ def _tanh(x):
 @triton.jit
 def _dot(a, b, F32_DOT: tl.constexpr, PRECISION: tl.constexpr):
     if F32_DOT:
-        # The interpreter multiplies bf16 tiles as raw uint16 bits; fp32 inputs give
-        # the same products the tensor cores form (16-bit x 16-bit is exact in fp32).
+        # 16-bit x 16-bit products are exact in fp32, so this matches the tensor cores.
         out = tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
     else:
         out = tl.dot(a, b, input_precision=PRECISION)
@@ -252,10 +251,9 @@ def _prefill_kernel(
              o.to(out.dtype.element_ty), mask=r_mask[:, None] & d_mask[None, :])
 
 
-def _interpreted(kernel) -> bool:
-    from triton.runtime.interpreter import InterpretedFunction
-
-    return isinstance(kernel, InterpretedFunction)
+# The interpreter multiplies bf16 tiles as raw uint16 bits (triton 3.9), so under it
+# the kernels upcast dot operands to fp32 (see _dot).
+_INTERPRETED = isinstance(_decode_kernel, InterpretedFunction)
 
 
 def _device_table(table: torch.Tensor, device: torch.device) -> torch.Tensor:
@@ -305,26 +303,30 @@ class TritonAttention:
         assert k_cache.shape[3] == head_dim and k_cache.stride() == v_cache.stride()
         assert k_cache.shape[1] == meta.block_size
         out = torch.empty(query.shape, dtype=query.dtype, device=query.device)
-        common = dict(
-            scale=float(scale),
-            softcap=float(softcap) if softcap is not None else 1.0,
-            window=int(sliding_window) if sliding_window is not None else 0,
-            USE_WINDOW=sliding_window is not None,
-            USE_SOFTCAP=softcap is not None,
+        scalars = (float(scale), float(softcap) if softcap is not None else 1.0,
+                   int(sliding_window) if sliding_window is not None else 0)
+        constants = dict(
             GROUP=num_heads // num_kv_heads, HEAD_DIM=head_dim, BLOCK_SIZE=meta.block_size,
-            BLOCK_D=triton.next_power_of_2(head_dim),
-            F32_DOT=_interpreted(_decode_kernel),
+            USE_WINDOW=sliding_window is not None, USE_SOFTCAP=softcap is not None,
+            BLOCK_D=triton.next_power_of_2(head_dim), F32_DOT=_INTERPRETED,
             # Plain fp32 (the parity dtype) must not silently drop to tf32.
-            PRECISION="ieee" if query.dtype == torch.float32 else "tf32",
+            PRECISION="ieee" if query.dtype == torch.float32 else None,
         )
         if meta.num_decodes:
-            self._decode(query, k_cache, v_cache, meta, out, common)
+            self._decode(query, k_cache, v_cache, meta, out, scalars, constants)
         if meta.num_prefills:
-            self._prefill(query, k_cache, v_cache, meta, out, common)
+            self._prefill(query, k_cache, v_cache, meta, out, scalars, constants)
         return out
 
-    def _tile_n(self, head_dim: int) -> int:
-        return self.block_n or (64 if head_dim <= 128 else 32)
+    def _tiles(self, head_dim: int, dtype: torch.dtype) -> tuple[int, int, int]:
+        """(block_m, block_n, num_warps) for the prefill kernel; decode uses the same
+        key tile. Chosen so that sm_90 builds fit in registers without spilling
+        (checked with ptxas, not timed: tune on a GPU)."""
+        if dtype == torch.float32:  # parity runs only; fp32 tiles are twice as big
+            block_m, block_n = 32, 32
+        else:
+            block_m, block_n = 64, (64 if head_dim <= 128 else 32)
+        return self.block_m or block_m, self.block_n or block_n, (4 if head_dim <= 64 else 8)
 
     def _num_splits(self, num_programs: int, max_keys: int, device: torch.device) -> int:
         if self.decode_splits is not None:
@@ -337,7 +339,7 @@ class TritonAttention:
         # Enough programs to fill the SMs twice, but at least ~256 keys per split.
         return max(1, min(triton.cdiv(2 * sms, num_programs), max_keys // 256, 16))
 
-    def _decode(self, query, k_cache, v_cache, meta: AttentionMetadata, out, common) -> None:
+    def _decode(self, query, k_cache, v_cache, meta: AttentionMetadata, out, scalars, constants) -> None:
         nd = meta.num_decodes
         num_heads, head_dim = query.shape[1], query.shape[2]
         num_kv_heads = k_cache.shape[2]
@@ -345,10 +347,11 @@ class TritonAttention:
         lens = meta.decode_context_lens.to(query.device, non_blocking=True)
         # The table width bounds the context without reading lens back to the host.
         max_keys = tables.shape[1] * meta.block_size
-        if common["USE_WINDOW"]:
-            max_keys = min(max_keys, common["window"])
+        if constants["USE_WINDOW"]:
+            max_keys = min(max_keys, scalars[2])
         splits = self._num_splits(nd * num_kv_heads, max_keys, query.device)
-        block_d = common["BLOCK_D"]
+        block_d = constants["BLOCK_D"]
+        _, block_n, num_warps = self._tiles(head_dim, query.dtype)
         if splits > 1:
             part_acc = torch.empty(nd, num_heads, splits, block_d, dtype=torch.float32,
                                    device=query.device)
@@ -357,16 +360,10 @@ class TritonAttention:
         else:
             part_acc = part_m = part_l = out  # unused
         _decode_kernel[(nd, num_kv_heads, splits)](
-            query, k_cache, v_cache, tables, lens,
-            out, part_acc, part_m, part_l,
-            common["scale"], common["softcap"], common["window"],
+            query, k_cache, v_cache, tables, lens, out, part_acc, part_m, part_l, *scalars,
             *query.stride(), *k_cache.stride(), tables.stride(0), *out.stride(),
-            GROUP=common["GROUP"], HEAD_DIM=head_dim, BLOCK_SIZE=meta.block_size,
-            NUM_SPLITS=splits, USE_WINDOW=common["USE_WINDOW"], USE_SOFTCAP=common["USE_SOFTCAP"],
-            BLOCK_G=max(16, triton.next_power_of_2(common["GROUP"])),
-            BLOCK_N=self._tile_n(head_dim), BLOCK_D=block_d,
-            F32_DOT=common["F32_DOT"], PRECISION=common["PRECISION"],
-            num_warps=4,
+            NUM_SPLITS=splits, BLOCK_G=max(16, triton.next_power_of_2(constants["GROUP"])),
+            BLOCK_N=block_n, num_warps=num_warps, **constants,
         )
         if splits > 1:
             _decode_reduce_kernel[(nd, num_heads)](
@@ -394,19 +391,12 @@ class TritonAttention:
             return tiles.pin_memory().to(device, non_blocking=True)
         return tiles.to(device)
 
-    def _prefill(self, query, k_cache, v_cache, meta: AttentionMetadata, out, common) -> None:
-        num_heads, head_dim = query.shape[1], query.shape[2]
-        block_m = self.block_m or 64
+    def _prefill(self, query, k_cache, v_cache, meta: AttentionMetadata, out, scalars, constants) -> None:
+        block_m, block_n, num_warps = self._tiles(query.shape[2], query.dtype)
         tiles = self._prefill_tiles(meta, block_m, query.device)
         tables = _device_table(meta.prefill_block_tables, query.device)
-        _prefill_kernel[(tiles.shape[0], num_heads)](
-            query, k_cache, v_cache, tables, tiles,
-            out,
-            common["scale"], common["softcap"], common["window"],
+        _prefill_kernel[(tiles.shape[0], query.shape[1])](
+            query, k_cache, v_cache, tables, tiles, out, *scalars,
             *query.stride(), *k_cache.stride(), tables.stride(0), *out.stride(),
-            GROUP=common["GROUP"], HEAD_DIM=head_dim, BLOCK_SIZE=meta.block_size,
-            USE_WINDOW=common["USE_WINDOW"], USE_SOFTCAP=common["USE_SOFTCAP"],
-            BLOCK_M=block_m, BLOCK_N=self._tile_n(head_dim), BLOCK_D=common["BLOCK_D"],
-            F32_DOT=common["F32_DOT"], PRECISION=common["PRECISION"],
-            num_warps=4 if head_dim <= 64 else 8,
+            BLOCK_M=block_m, BLOCK_N=block_n, num_warps=num_warps, **constants,
         )

@@ -1,0 +1,296 @@
+"""PRM input formats: how (question, steps so far) becomes one engine score request.
+
+Every format scores only the LAST step: the query ends at that step's scoring position
+(the token whose next-token distribution carries the verdict), and earlier steps' scores
+come from the score cache. The query is built from separately tokenized pieces (fixed
+layout text, the question, each step), never from the whole conversation as one string,
+so the ids for steps 1..k are identical whether k or k+1 steps are sent: the engine's
+prefix cache then reuses everything except the new step. Piece boundaries sit at
+whitespace or special tokens, where byte-level BPE pre-tokenizers split anyway,
+so the pieces mostly tokenize as the whole text would. (A SentencePiece tokenizer that
+prepends a dummy space to every encode call, like Llama 2 / Mistral, puts an extra "▁"
+at each piece start; the scoring positions stay right.)
+
+Step texts are stripped of surrounding whitespace: the generator's steps end in the
+"\\n\\n" stop string, and the layouts below supply their own separators.
+
+Layouts (`|` marks piece boundaries, `^` the scoring position, i.e. the last token):
+
+* rlhflow:  head question| step1|<u→a>^   and with more steps
+            head question| step1|<u→a>|+<a→u>|step2|<u→a>^  (each step a user turn, the
+            assistant answered "+"; "+" vs "-" is predicted after the assistant opening).
+* math-shepherd:  [bos]question| step1| ки|\\nstep2| ки^  ("+" vs "-" at the tag).
+* qwen-prm: head(system, question, assistant opening)|step1|<extra_0>|step2|<extra_0>^
+* judge:    head instruction question heading|\\n\\nstep1|\\n\\nstep2|\\n\\n<ask Yes/No><u→a>^
+            Only the part up to the newest step is shared with the next call; the final
+            question and assistant opening come after it.
+
+Turn markers come from the tokenizer's chat template; a tokenizer without one gets
+Gemma's turn format (`<start_of_turn>user\\n…<end_of_turn>\\n<start_of_turn>model\\n`).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any, ClassVar
+
+from search.prompts import bos_ids, encode_text
+from tts_runtime.config import ConfigError
+from tts_runtime.engine.request import ScoreParams
+
+# Enough for every step of a few hundred beams in flight; a hit saves re-tokenizing a step
+# that a beam re-sends on every iteration.
+_PIECE_CACHE_SIZE = 1 << 16
+
+
+def score_from_probs(probs_at_position: Sequence[float]) -> float:
+    """Probability mass of the "good" candidate (index 0) among all candidates, in [0, 1]."""
+    total = sum(probs_at_position)
+    return probs_at_position[0] / total if total > 0 else 0.0
+
+
+@dataclass(frozen=True)
+class ScoreQuery:
+    """One PRM score request for the last step of a partial solution.
+
+    `stable_prefix_len` leading ids are guaranteed to reappear unchanged in the query for
+    the same question with one more step appended (the prefix-cache contract)."""
+
+    token_ids: list[int]
+    positions: tuple[int, ...]
+    candidate_token_ids: tuple[int, ...]
+    stable_prefix_len: int
+
+    def to_score(self, probs_at_position: Sequence[float]) -> float:
+        return score_from_probs(probs_at_position)
+
+    def score_params(self) -> ScoreParams:
+        return ScoreParams(positions=self.positions, candidate_token_ids=self.candidate_token_ids)
+
+
+def candidate_token_id(tokenizer: Any, word: str) -> int:
+    """The id scored for `word`. A word that is several tokens is scored by its first token:
+    that is where the model commits to it (all later tokens are conditioned on it)."""
+    ids = encode_text(tokenizer, word)
+    if not ids:
+        raise ConfigError(f"candidate word {word!r} encodes to no tokens")
+    return ids[0]
+
+
+def _candidates(tokenizer: Any, good: str, bad: str) -> tuple[int, int]:
+    ids = (candidate_token_id(tokenizer, good), candidate_token_id(tokenizer, bad))
+    if ids[0] == ids[1]:
+        raise ConfigError(f"candidate words {good!r} and {bad!r} start with the same token {ids[0]}")
+    return ids
+
+
+def bos_text(tokenizer: Any) -> str:
+    return tokenizer.bos_token if bos_ids(tokenizer) else ""
+
+
+@dataclass(frozen=True)
+class ChatLayout:
+    """Turn markers of a chat format, as text."""
+
+    head: str  # everything before the first user message's content (BOS, system turn, user opening)
+    user_to_assistant: str  # closes a user turn and opens the assistant's (generated) reply
+    assistant_to_user: str  # closes an assistant turn and opens the next user turn
+    # Whether a past assistant turn opens exactly like a generated one (multi-turn prefix reuse).
+    consistent_turns: bool = True
+
+
+_SENTINELS = ("TTSSENTINELUSERONE", "TTSSENTINELASSISTANT", "TTSSENTINELUSERTWO")
+
+GEMMA_USER_TO_MODEL = "<end_of_turn>\n<start_of_turn>model\n"
+GEMMA_MODEL_TO_USER = "<end_of_turn>\n<start_of_turn>user\n"
+
+
+def chat_layout(tokenizer: Any, system: str | None = None) -> ChatLayout:
+    """Turn markers read off the tokenizer's chat template by rendering placeholder messages."""
+    if not getattr(tokenizer, "chat_template", None):
+        system_part = f"{system}\n\n" if system else ""
+        head = f"{bos_text(tokenizer)}<start_of_turn>user\n{system_part}"
+        return ChatLayout(head, GEMMA_USER_TO_MODEL, GEMMA_MODEL_TO_USER)
+    user1, assistant, user2 = _SENTINELS
+    messages = [{"role": "system", "content": system}] if system else []
+    messages += [
+        {"role": "user", "content": user1},
+        {"role": "assistant", "content": assistant},
+        {"role": "user", "content": user2},
+    ]
+    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    head, past_opening, assistant_to_user, generation_opening = _split_on_sentinels(text)
+    return ChatLayout(head, generation_opening, assistant_to_user, past_opening == generation_opening)
+
+
+def _split_on_sentinels(text: str) -> list[str]:
+    parts: list[str] = []
+    rest = text
+    for sentinel in _SENTINELS:
+        before, found, rest = rest.partition(sentinel)
+        if not found or sentinel in rest:
+            raise ConfigError("the PRM's chat template does not render message contents verbatim; "
+                              "pick a format that needs no turns (math-shepherd)")
+        parts.append(before)
+    parts.append(rest)
+    return parts
+
+
+class PRMFormat(ABC):
+    """Turns (question, steps) into a `ScoreQuery` for the last step."""
+
+    name: ClassVar[str]
+    candidate_token_ids: tuple[int, ...]
+
+    def __init__(self, tokenizer: Any) -> None:
+        self.tokenizer = tokenizer
+        self._encode = lru_cache(maxsize=_PIECE_CACHE_SIZE)(self._encode_piece)
+
+    def _encode_piece(self, text: str) -> tuple[int, ...]:
+        return tuple(encode_text(self.tokenizer, text))
+
+    @abstractmethod
+    def _pieces(self, question: str, steps: list[str]) -> tuple[list[str], list[str]]:
+        """(pieces shared with the next step's query, pieces after the newest step)."""
+
+    def build(self, question: str, steps: Sequence[str]) -> ScoreQuery:
+        if not steps:
+            raise ValueError("a score query needs at least one step")
+        stable, tail = self._pieces(question, [step.strip() for step in steps])
+        ids = [token for piece in stable for token in self._encode(piece)]
+        stable_len = len(ids)
+        ids += [token for piece in tail for token in self._encode(piece)]
+        return ScoreQuery(ids, (len(ids) - 1,), self.candidate_token_ids, stable_len)
+
+    to_score = staticmethod(score_from_probs)
+
+
+PRM_FORMATS: dict[str, type[PRMFormat]] = {}
+
+
+def _register(cls: type[PRMFormat]) -> type[PRMFormat]:
+    PRM_FORMATS[cls.name] = cls
+    return cls
+
+
+@_register
+class RLHFlowFormat(PRMFormat):
+    """RLHFlow PRMs (Llama3.1-8B-PRM-*): each step is a user turn and every past assistant
+    reply is "+". The first user turn is question + " " + step 1, as RLHFlow's own scoring
+    code and search-and-learn build it."""
+
+    name = "rlhflow"
+
+    def __init__(self, tokenizer: Any) -> None:
+        super().__init__(tokenizer)
+        self.layout = chat_layout(tokenizer)
+        if not self.layout.consistent_turns:
+            raise ConfigError("rlhflow format: the chat template opens past and generated assistant "
+                              "turns differently, so earlier steps could not be reused")
+        self.candidate_token_ids = _candidates(tokenizer, "+", "-")
+
+    def _pieces(self, question: str, steps: list[str]) -> tuple[list[str], list[str]]:
+        layout = self.layout
+        pieces = [layout.head + question, " " + steps[0]]
+        for step in steps[1:]:
+            pieces += [layout.user_to_assistant, "+" + layout.assistant_to_user, step]
+        pieces.append(layout.user_to_assistant)
+        return pieces, []
+
+
+@_register
+class MathShepherdFormat(PRMFormat):
+    """Math-Shepherd: question + " " + steps, each followed by the step tag " ки" and
+    separated by "\\n" (its training format); "+" vs "-" is read at the tag."""
+
+    name = "math-shepherd"
+    step_tag = " ки"
+
+    def __init__(self, tokenizer: Any) -> None:
+        super().__init__(tokenizer)
+        self.head = bos_text(tokenizer)
+        self.candidate_token_ids = _candidates(tokenizer, "+", "-")
+
+    def _pieces(self, question: str, steps: list[str]) -> tuple[list[str], list[str]]:
+        pieces = [self.head + question, " " + steps[0], self.step_tag]
+        for step in steps[1:]:
+            pieces += ["\n" + step, self.step_tag]
+        return pieces, []
+
+
+@_register
+class QwenPRMFormat(PRMFormat):
+    """Qwen2.5-Math-PRM: system + question in the chat template, then the assistant turn
+    holds the steps, each followed by `<extra_0>`; the score is read at the separator.
+
+    Simplification: the real model puts a two-class reward head on the separator's hidden
+    state. Our engine reads LM-head logits, so the two classes are modelled as the logits
+    of two token ids (`good`, `bad`, by default "+" and "-"): exact for a checkpoint whose
+    head is expressed that way, an approximation otherwise. Where `<extra_0>` is not a
+    single token (any non-Qwen tokenizer, e.g. the Gemma stand-in), the separator is still
+    written out as text and the score is read at its last token."""
+
+    name = "qwen-prm"
+    separator = "<extra_0>"
+    system_prompt = "Please reason step by step, and put your final answer within \\boxed{}."
+
+    def __init__(self, tokenizer: Any, good: str = "+", bad: str = "-") -> None:
+        super().__init__(tokenizer)
+        self.layout = chat_layout(tokenizer, system=self.system_prompt)
+        self.candidate_token_ids = _candidates(tokenizer, good, bad)
+
+    def _pieces(self, question: str, steps: list[str]) -> tuple[list[str], list[str]]:
+        pieces = [self.layout.head + question + self.layout.user_to_assistant]
+        for step in steps:
+            pieces += [step, self.separator]
+        return pieces, []
+
+
+@_register
+class JudgeFormat(PRMFormat):
+    """Any chat LLM as a judge: asked whether the newest step is correct, P("Yes") vs "No"
+    at the start of its reply. The instruction and question come first and the question
+    about the last step comes after the steps, so only the new step and that short suffix
+    are not shared with the previous call."""
+
+    name = "judge"
+    instruction = (
+        "Below are a math problem and the first steps of a solution. Check only the most "
+        "recent step: is it mathematically correct and consistent with the problem and the "
+        "steps before it?\n\nProblem:\n"
+    )
+    steps_heading = "\n\nSolution so far:"
+    ask = "\n\nIs the most recent step correct? Answer Yes or No."
+
+    def __init__(self, tokenizer: Any) -> None:
+        super().__init__(tokenizer)
+        self.layout = chat_layout(tokenizer)
+        self.candidate_token_ids = _candidates(tokenizer, "Yes", "No")
+
+    def _pieces(self, question: str, steps: list[str]) -> tuple[list[str], list[str]]:
+        stable = [self.layout.head + self.instruction + question + self.steps_heading]
+        stable += ["\n\n" + step for step in steps]
+        return stable, [self.ask + self.layout.user_to_assistant]
+
+
+def prm_format_class(name: str) -> type[PRMFormat]:
+    if name not in PRM_FORMATS:
+        raise ConfigError(f"unknown PRM format '{name}'; choose one of {', '.join(sorted(PRM_FORMATS))}")
+    return PRM_FORMATS[name]
+
+
+def make_prm_format(name: str, tokenizer: Any, **options: Any) -> PRMFormat:
+    return prm_format_class(name)(tokenizer, **options)
+
+
+def default_format_for(model_name: str) -> str:
+    """The format a PRM was trained with, judged by its name; `judge` for any other chat LLM
+    (including the gemma3-270m stand-in)."""
+    lowered = model_name.lower()
+    for marker, fmt in (("rlhflow", "rlhflow"), ("shepherd", "math-shepherd"), ("qwen2.5-math-prm", "qwen-prm")):
+        if marker in lowered:
+            return fmt
+    return "judge"

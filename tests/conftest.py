@@ -1,0 +1,43 @@
+"""Shared fixtures: the real demo models, loaded once per test session."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+from tts_runtime.models.loader import LoadedModel, load_model
+
+GENERATOR = "smollm2-135m-instruct"
+PRM = "gemma3-270m"
+
+def shared_data_dir() -> Path:
+    env = os.environ.get("TTS_DATA_DIR")
+    return Path(env) if env else Path(__file__).resolve().parents[2] / "shared" / "data"
+
+
+@pytest.fixture(scope="session")
+def generator_model() -> LoadedModel:
+    return load_model(GENERATOR, torch.float32, torch.device("cpu"))
+
+
+@pytest.fixture(scope="session")
+def prm_model() -> LoadedModel:
+    return load_model(PRM, torch.float32, torch.device("cpu"))
+
+
+@pytest.fixture(scope="session")
+def hf_reference():
+    """HF transformers models over the same cached weights, for parity checks."""
+    from transformers import AutoModelForCausalLM
+
+    cache: dict[str, object] = {}
+
+    def get(loaded: LoadedModel):
+        if loaded.name not in cache:
+            cache[loaded.name] = AutoModelForCausalLM.from_pretrained(loaded.folder, dtype=torch.float32).eval()
+        return cache[loaded.name]
+
+    return get

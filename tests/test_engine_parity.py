@@ -1,0 +1,113 @@
+"""Greedy generation and scoring match HF transformers on the real demo models."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tts_runtime import CacheConfig, Engine, EngineConfig, SamplingParams, SchedulerConfig, ScoreParams
+
+QUESTIONS = [
+    "Natalia sold clips to 48 of her friends in April, and then she sold half as many clips in May. "
+    "How many clips did Natalia sell altogether in April and May?",
+    "What is the value of $\\sqrt{36 \\times \\sqrt{16}}$?",
+    "A rectangle has a perimeter of 30 units and its length is twice its width. What is its area?",
+    "Solve for x: 3x - 7 = 11.",
+    "Write a short poem about prime numbers.",
+    "If f(x) = 2x^2 + 3, what is f(4)?",
+    "Explain in one paragraph why the sum of two even numbers is even.",
+    "Tom has 3 times as many marbles as Jerry. Together they have 64 marbles. How many does Tom have?",
+]
+NEW_TOKENS = 64
+
+
+def _prompts(loaded) -> list[list[int]]:
+    tok = loaded.tokenizer
+    if tok.chat_template:
+        return [tok.apply_chat_template([{"role": "user", "content": q}], tokenize=True,
+                                        add_generation_prompt=True, return_dict=False) for q in QUESTIONS]
+    return [tok(f"Question: {q}\nAnswer:")["input_ids"] for q in QUESTIONS]
+
+
+def _hf_greedy(hf, prompt: list[int], new_tokens: int, eos: set[int]) -> list[int]:
+    with torch.no_grad():
+        out = hf.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+                          max_new_tokens=new_tokens, do_sample=False)
+    ids = out[0, len(prompt):].tolist()
+    return ids[:-1] if ids and ids[-1] in eos else ids
+
+
+@pytest.fixture(scope="module", params=["generator", "prm"])
+def case(request, generator_model, prm_model, hf_reference):
+    loaded = generator_model if request.param == "generator" else prm_model
+    prompts = _prompts(loaded)
+    eos = set(loaded.arch.eos_token_ids) | {loaded.tokenizer.eos_token_id}
+    hf = hf_reference(loaded)
+    expected = [_hf_greedy(hf, p, NEW_TOKENS, eos) for p in prompts]
+    return loaded, prompts, expected
+
+
+GREEDY = SamplingParams(temperature=0, max_tokens=NEW_TOKENS)
+
+
+@pytest.mark.parametrize("prefix_caching", [True, False])
+def test_batch16_with_small_chunks_matches_hf(case, prefix_caching):
+    loaded, prompts, expected = case
+    shortest = min(len(p) for p in prompts)
+    config = EngineConfig(cache=CacheConfig(enable_prefix_caching=prefix_caching),
+                          scheduler=SchedulerConfig(max_prefill_chunk=shortest // 2))
+    engine = Engine(loaded.name, config, loaded=loaded)
+    outputs = engine.generate(prompts + prompts, GREEDY)  # 16 sequences in one batch
+    assert [o.completions[0].token_ids for o in outputs] == expected + expected
+    again = engine.generate(prompts, GREEDY)  # the prompts' full blocks are cached by now
+    assert [o.completions[0].token_ids for o in again] == expected
+    cached = sum(o.num_cached_prompt_tokens for o in again)
+    assert cached > 0 if prefix_caching else cached == 0
+
+
+def test_batch1_sequential_matches_hf(case):
+    loaded, prompts, expected = case
+    engine = Engine(loaded.name, EngineConfig(), loaded=loaded)
+    got = [engine.generate([p], GREEDY)[0].completions[0].token_ids for p in prompts]
+    assert got == expected
+    again = engine.generate([prompts[0]], GREEDY)[0]  # a repeated prompt is served from the cache
+    assert again.completions[0].token_ids == expected[0]
+    assert again.num_cached_prompt_tokens == (len(prompts[0]) - 1) // engine.block_size * engine.block_size
+
+
+def _hf_probs(hf, ids: list[int], positions: list[int], candidates: list[int]) -> torch.Tensor:
+    with torch.no_grad():
+        logits = hf(torch.tensor([ids])).logits[0]
+    return logits[positions][:, candidates].softmax(-1)
+
+
+@pytest.mark.parametrize("cached_prefix", [False, True])
+def test_score_matches_hf_forward(prm_model, hf_reference, cached_prefix):
+    tok = prm_model.tokenizer
+    question = tok("Question: what is 7 * 8 - 6?\nStep 1: 7 * 8 = 56.\n\n")["input_ids"]
+    step = tok("Step 2: 56 - 6 = 50. Is this step correct? Answer:", add_special_tokens=False)["input_ids"]
+    ids = question + step
+    candidates = [tok.convert_tokens_to_ids(t) for t in ["▁Yes", "▁No", "▁yes"]]
+    positions = [len(question) + 3, len(ids) - 1]
+    engine = Engine(prm_model.name, EngineConfig(), loaded=prm_model)
+    if cached_prefix:
+        engine.score([question + [tok.eos_token_id]], ScoreParams([0], candidates))
+    out = engine.score([ids], ScoreParams(positions, candidates))[0]
+    if cached_prefix:
+        assert out.num_cached_prompt_tokens == len(question) // engine.block_size * engine.block_size > 0
+    else:
+        assert out.num_cached_prompt_tokens == 0
+    expected = _hf_probs(hf_reference(prm_model), ids, positions, candidates)
+    assert torch.tensor(out.scores).sub(expected).abs().max().item() <= 1e-4
+
+
+def test_gemma_sliding_window_prefill_and_decode(prm_model, hf_reference):
+    """A prompt longer than Gemma's 512-token window, prefilled in chunks, then decoded."""
+    tok = prm_model.tokenizer
+    text = " ".join(f"Fact {i}: {i} squared is {i * i}." for i in range(1, 60))
+    ids = tok(text + " Therefore 61 squared is")["input_ids"]
+    assert len(ids) > prm_model.arch.layer_window[0]
+    engine = Engine(prm_model.name, EngineConfig(scheduler=SchedulerConfig(max_prefill_chunk=200)), loaded=prm_model)
+    got = engine.generate([ids], SamplingParams(temperature=0, max_tokens=12))[0].completions[0].token_ids
+    eos = {tok.eos_token_id}
+    assert got == _hf_greedy(hf_reference(prm_model), ids, 12, eos)

@@ -1,0 +1,282 @@
+import pytest
+
+from search.aggregate import AGGREGATIONS, aggregate
+from search.prm import (
+    PRM_FORMATS,
+    QwenPRMFormat,
+    ScoreQuery,
+    chat_layout,
+    default_format_for,
+    make_prm_format,
+)
+from search.prompts import SYSTEM_PROMPT, PromptBuilder, beam_token_ids
+from search.score_cache import ScoreCache
+from tts_runtime.config import ConfigError
+from tts_runtime.models.loader import load_tokenizer, model_folder
+
+QUESTION = ("Convert the point $(0,3)$ in rectangular coordinates to polar coordinates. "
+            "Enter your answer in the form $(r,\\theta)$.")
+STEPS = [
+    "## Step 1: Compute the radius\nThe radius is $r = \\sqrt{0^2 + 3^2} = 3$.\n\n",
+    # A blank line inside one step, unicode and display math.
+    "## Step 2: Compute the angle\nThe point lies on the positive $y$-axis.\n\n"
+    "So θ = π/2, i.e. $$\\theta = \\frac{\\pi}{2} \\in [0, 2\\pi).$$ ✓\n\n",
+    "## Step 3: Check\n答案: $x = r\\cos\\theta = 3 \\cdot 0 = 0$ and "
+    "$y = 3 \\sin \\frac{\\pi}{2} = 3$ — both match 🙂\n\n",
+    "Therefore, the final answer is: $\\boxed{\\left( 3, \\frac{\\pi}{2} \\right)}$. I hope it is correct.",
+]
+
+
+@pytest.fixture(scope="module")
+def smollm():
+    return load_tokenizer(model_folder("smollm2-135m-instruct"))
+
+
+@pytest.fixture(scope="module")
+def gemma():
+    return load_tokenizer(model_folder("gemma3-270m"))
+
+
+@pytest.fixture(scope="module", params=["smollm", "gemma"])
+def tokenizer(request):
+    return request.getfixturevalue(request.param)
+
+
+def _decode(tokenizer, ids) -> str:
+    return tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
+
+
+# --- generator prompts ---------------------------------------------------------------
+
+def test_chat_prompt_ends_with_assistant_opening(smollm):
+    ids = PromptBuilder(smollm).prompt_token_ids(QUESTION)
+    opening = smollm.encode("<|im_start|>assistant\n", add_special_tokens=False)
+    assert ids[-len(opening):] == opening
+    text = _decode(smollm, ids)
+    assert text.startswith("<|im_start|>system\n" + SYSTEM_PROMPT + "<|im_end|>")
+    assert "<|im_start|>user\n" + QUESTION + "<|im_end|>" in text
+
+
+def test_system_prompt_asks_for_steps_and_boxed_answer():
+    assert SYSTEM_PROMPT.startswith("Solve the following math problem efficiently and clearly")
+    assert "## Step 1:" in SYSTEM_PROMPT
+    assert "Therefore, the final answer is: $\\boxed{answer}$. I hope it is correct." in SYSTEM_PROMPT
+
+
+def test_plain_layout_without_chat_template(gemma):
+    assert not gemma.chat_template
+    ids = PromptBuilder(gemma).prompt_token_ids(QUESTION)
+    assert ids[0] == gemma.bos_token_id
+    text = _decode(gemma, ids[1:])
+    assert text == f"System:\n{SYSTEM_PROMPT}\n\nUser:\n{QUESTION}\n\nAssistant:\n"
+
+
+def test_beam_ids_keep_generated_step_ids_verbatim(smollm):
+    prompt = PromptBuilder(smollm).prompt_token_ids(QUESTION)
+    # Ids a generator could sample that the tokenizer would never produce for this text.
+    step1 = [smollm.convert_tokens_to_ids("Ġ")] + smollm.encode("x\n\n", add_special_tokens=False)
+    step2 = smollm.encode("y", add_special_tokens=False)
+    ids = beam_token_ids(prompt, [step1, step2])
+    assert ids == prompt + step1 + step2
+    assert ids[: len(prompt)] == prompt
+
+
+# --- PRM formats ---------------------------------------------------------------------
+
+@pytest.mark.parametrize("name", sorted(PRM_FORMATS))
+def test_prefix_property(tokenizer, name):
+    fmt = make_prm_format(name, tokenizer)
+    for k in range(1, len(STEPS)):
+        shorter = fmt.build(QUESTION, STEPS[:k])
+        longer = fmt.build(QUESTION, STEPS[: k + 1])
+        shared = shorter.stable_prefix_len
+        assert longer.token_ids[:shared] == shorter.token_ids[:shared]
+        # The shared part reaches at least the end of step k's text; for the tag/turn
+        # formats it is the whole query, scoring marker included.
+        shared_text = _decode(tokenizer, shorter.token_ids[:shared])
+        if name == "judge":
+            assert shared_text.endswith(STEPS[k - 1].strip())
+        else:
+            assert shared == len(shorter.token_ids)
+            assert STEPS[k - 1].strip() in shared_text
+        assert longer.stable_prefix_len > shared
+
+
+@pytest.mark.parametrize("name", sorted(PRM_FORMATS))
+def test_query_scores_only_the_last_step_at_the_last_token(tokenizer, name):
+    query = make_prm_format(name, tokenizer).build(QUESTION, STEPS)
+    assert query.positions == (len(query.token_ids) - 1,)
+    assert len(query.candidate_token_ids) == 2
+    params = query.score_params()
+    assert params.positions == query.positions
+    assert params.candidate_token_ids == query.candidate_token_ids
+
+
+def _expected_rlhflow_text(tokenizer) -> str:
+    layout = chat_layout(tokenizer)
+    steps = [s.strip() for s in STEPS]
+    text = layout.head + QUESTION + " " + steps[0]
+    for step in steps[1:]:
+        text += layout.user_to_assistant + "+" + layout.assistant_to_user + step
+    return text + layout.user_to_assistant
+
+
+def test_rlhflow_layout(tokenizer):
+    fmt = make_prm_format("rlhflow", tokenizer)
+    query = fmt.build(QUESTION, STEPS)
+    assert _decode(tokenizer, query.token_ids) == _expected_rlhflow_text(tokenizer)
+    assert [_decode(tokenizer, [t]) for t in query.candidate_token_ids] == ["+", "-"]
+    # The score is read where "+" is predicted: in the longer history the very next token is "+".
+    for k in range(1, len(STEPS)):
+        shorter = fmt.build(QUESTION, STEPS[:k])
+        longer = fmt.build(QUESTION, STEPS[: k + 1])
+        assert longer.token_ids[shorter.positions[0] + 1] == query.candidate_token_ids[0]
+    assert _decode(tokenizer, [query.token_ids[query.positions[0]]]) == "\n"
+
+
+def test_rlhflow_turns_smollm(smollm):
+    text = _decode(smollm, make_prm_format("rlhflow", smollm).build(QUESTION, STEPS[:2]).token_ids)
+    assert text.endswith(
+        "<|im_start|>user\n" + QUESTION + " " + STEPS[0].strip() + "<|im_end|>\n"
+        "<|im_start|>assistant\n+<|im_end|>\n"
+        "<|im_start|>user\n" + STEPS[1].strip() + "<|im_end|>\n<|im_start|>assistant\n"
+    )
+
+
+def test_rlhflow_turns_gemma(gemma):
+    text = _decode(gemma, make_prm_format("rlhflow", gemma).build(QUESTION, STEPS[:2]).token_ids)
+    assert text == (
+        "<bos><start_of_turn>user\n" + QUESTION + " " + STEPS[0].strip() + "<end_of_turn>\n"
+        "<start_of_turn>model\n+<end_of_turn>\n"
+        "<start_of_turn>user\n" + STEPS[1].strip() + "<end_of_turn>\n<start_of_turn>model\n"
+    )
+
+
+def test_math_shepherd_layout(tokenizer):
+    fmt = make_prm_format("math-shepherd", tokenizer)
+    query = fmt.build(QUESTION, STEPS)
+    body = QUESTION + " " + "\n".join(s.strip() + " ки" for s in STEPS)
+    bos = tokenizer.bos_token if query.token_ids[0] == tokenizer.bos_token_id else ""
+    assert _decode(tokenizer, query.token_ids) == bos + body
+    assert [_decode(tokenizer, [t]) for t in query.candidate_token_ids] == ["+", "-"]
+    scored = _decode(tokenizer, [query.token_ids[query.positions[0]]])
+    assert scored and " ки".endswith(scored)
+
+
+def test_math_shepherd_tag_is_one_token_in_gemma(gemma):
+    query = make_prm_format("math-shepherd", gemma).build(QUESTION, STEPS[:1])
+    assert query.token_ids[0] == gemma.bos_token_id
+    assert _decode(gemma, [query.token_ids[query.positions[0]]]) == " ки"
+
+
+def test_qwen_prm_layout(tokenizer):
+    fmt = make_prm_format("qwen-prm", tokenizer)
+    query = fmt.build(QUESTION, STEPS)
+    layout = chat_layout(tokenizer, system=QwenPRMFormat.system_prompt)
+    expected = layout.head + QUESTION + layout.user_to_assistant + "".join(s.strip() + "<extra_0>" for s in STEPS)
+    assert _decode(tokenizer, query.token_ids) == expected
+    assert [_decode(tokenizer, [t]) for t in query.candidate_token_ids] == ["+", "-"]
+    # Neither demo tokenizer has <extra_0> as one token: the score sits on its last token.
+    assert _decode(tokenizer, [query.token_ids[query.positions[0]]]) == ">"
+
+
+def test_qwen_prm_configured_candidates(gemma):
+    fmt = make_prm_format("qwen-prm", gemma, good="Yes", bad="No")
+    assert [_decode(gemma, [t]) for t in fmt.candidate_token_ids] == ["Yes", "No"]
+
+
+def test_judge_layout(tokenizer):
+    fmt = make_prm_format("judge", tokenizer)
+    query = fmt.build(QUESTION, STEPS)
+    text = _decode(tokenizer, query.token_ids)
+    layout = chat_layout(tokenizer)
+    assert text.startswith(layout.head + fmt.instruction + QUESTION)
+    steps_text = "".join("\n\n" + s.strip() for s in STEPS)
+    assert text.endswith(steps_text + fmt.ask + layout.user_to_assistant)
+    assert _decode(tokenizer, query.token_ids[: query.stable_prefix_len]).endswith(steps_text)
+    assert [_decode(tokenizer, [t]) for t in query.candidate_token_ids] == ["Yes", "No"]
+    assert _decode(tokenizer, [query.token_ids[query.positions[0]]]) == "\n"
+
+
+def test_judge_uses_gemma_turns_without_template(gemma):
+    text = _decode(gemma, make_prm_format("judge", gemma).build(QUESTION, STEPS[:1]).token_ids)
+    assert text.startswith("<bos><start_of_turn>user\n")
+    assert text.endswith("Answer Yes or No.<end_of_turn>\n<start_of_turn>model\n")
+
+
+def test_gemma_turn_markers_are_single_tokens(gemma):
+    query = make_prm_format("judge", gemma).build(QUESTION, STEPS[:1])
+    assert query.token_ids[:2] == [gemma.bos_token_id, gemma.convert_tokens_to_ids("<start_of_turn>")]
+    assert gemma.convert_tokens_to_ids("<end_of_turn>") in query.token_ids
+
+
+def test_to_score():
+    query = ScoreQuery([1, 2], (1,), (5, 6), 2)
+    assert query.to_score([0.8, 0.2]) == pytest.approx(0.8)
+    assert query.to_score([0.3, 0.1]) == pytest.approx(0.75)
+    assert query.to_score([0.0, 0.0]) == 0.0
+    assert PRM_FORMATS["judge"].to_score([0.25, 0.75]) == pytest.approx(0.25)
+
+
+def test_build_needs_a_step(smollm):
+    with pytest.raises(ValueError, match="at least one step"):
+        make_prm_format("judge", smollm).build(QUESTION, [])
+
+
+def test_unknown_format_lists_known_names(smollm):
+    with pytest.raises(ConfigError) as error:
+        make_prm_format("nope", smollm)
+    message = str(error.value)
+    assert "\n" not in message
+    assert "'nope'" in message
+    for name in ("judge", "math-shepherd", "qwen-prm", "rlhflow"):
+        assert name in message
+
+
+@pytest.mark.parametrize("model, expected", [
+    ("gemma3-270m", "judge"),
+    ("smollm2-135m-instruct", "judge"),
+    ("RLHFlow/Llama3.1-8B-PRM-Deepseek-Data", "rlhflow"),
+    ("peiyi9979/math-shepherd-mistral-7b-prm", "math-shepherd"),
+    ("Qwen/Qwen2.5-Math-PRM-7B", "qwen-prm"),
+])
+def test_default_format_for(model, expected):
+    assert default_format_for(model) == expected
+
+
+# --- score cache ---------------------------------------------------------------------
+
+def test_score_cache_counters():
+    cache = ScoreCache()
+    assert cache.hit_rate == 0.0
+    assert cache.get("judge", "p1", STEPS[:1]) is None
+    cache.put("judge", "p1", STEPS[:1], 0.7)
+    assert cache.get("judge", "p1", list(STEPS[:1])) == 0.7
+    assert cache.get("judge", "p1", STEPS[:2]) is None  # a longer prefix is a different key
+    assert cache.get("judge", "p2", STEPS[:1]) is None  # another problem
+    assert cache.get("rlhflow", "p1", STEPS[:1]) is None  # another PRM
+    assert cache.get("judge", "p1", [STEPS[0].strip()]) is None  # texts must match exactly
+    assert (cache.hits, cache.misses) == (1, 5)
+    assert cache.hit_rate == pytest.approx(1 / 6)
+    cache.put("judge", "p2", STEPS[:1], 0.1)
+    assert len(cache) == 2
+    cache.drop_problem("p1")
+    assert len(cache) == 1
+    assert cache.get("judge", "p2", STEPS[:1]) == 0.1
+
+
+# --- aggregation ---------------------------------------------------------------------
+
+@pytest.mark.parametrize("method, expected", [("last", 0.5), ("min", 0.25), ("prod", 0.1), ("mean", 1.55 / 3)])
+def test_aggregate(method, expected):
+    assert aggregate([0.8, 0.25, 0.5], method) == pytest.approx(expected)
+
+
+@pytest.mark.parametrize("method", AGGREGATIONS)
+def test_aggregate_empty_is_zero(method):
+    assert aggregate([], method) == 0.0
+
+
+def test_aggregate_unknown_method():
+    with pytest.raises(ConfigError, match="unknown score aggregation 'max'; choose one of last, min, prod, mean"):
+        aggregate([0.5], "max")
