@@ -250,7 +250,8 @@ for dtype, d, group, window, softcap, splits in [
     if splits > 1:
         build(ta._decode_reduce_kernel, dtype, dict(NUM_HEADS=group, HEAD_DIM=d, NUM_SPLITS=splits,
                                                     BLOCK_S=splits, BLOCK_D=d), 4)
-    build(ta._store_kv_kernel, dtype, dict(NUM_KV_HEADS=2, HEAD_DIM=d, BLOCK_SIZE=16, BLOCK_H=2, BLOCK_D=d), 4)
+    build(ta._store_kv_kernel, dtype,
+          dict(NUM_KV_HEADS=2, HEAD_DIM=d, BLOCK_SIZE=16, BLOCK_H=2, BLOCK_D=d), 4)
 print("compiled")
 """
 
@@ -259,11 +260,26 @@ print("compiled")
 def test_kernels_compile_for_sm90():
     import subprocess
     import sys
+    from pathlib import Path
 
+    repo = Path(__file__).resolve().parents[1]
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(repo), env.get("PYTHONPATH")]))
     env.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
-    proc = subprocess.run([sys.executable, "-c", _COMPILE_SCRIPT], env=env, capture_output=True, text=True,
-                          timeout=300)
-    if "ptxas" in proc.stderr and "not found" in proc.stderr.lower():
-        pytest.skip("triton's bundled ptxas is missing")
+    # Uses the ptxas bundled with the triton wheel; no GPU or driver needed.
+    proc = subprocess.run([sys.executable, "-c", _COMPILE_SCRIPT], env=env, cwd=repo,
+                          capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0 and "compiled" in proc.stdout, proc.stderr[-3000:]
+
+
+def test_backend_reused_across_batches():
+    """One backend object serves every layer and step: nothing may leak between calls."""
+    torch_backend, triton_backend = TorchAttention(), TritonAttention()
+    first = Case(num_heads=4, num_kv_heads=2, decodes=[20], prefills=[(40, 17)], seed=1)
+    second = Case(num_heads=4, num_kv_heads=2, decodes=[33], prefills=[(40, 17), (9, 9)], seed=2)
+    for case in (first, first, second):
+        query, key, value, k_cache, v_cache, meta = build(case)
+        triton_backend.store_kv(key, value, k_cache, v_cache, meta.slot_mapping)
+        ref = torch_backend.attend(query, k_cache, v_cache, meta, 0.125, None, None)
+        out = triton_backend.attend(query, k_cache, v_cache, meta, 0.125, None, None)
+        assert rel_err(out, ref) <= REL_TOL[torch.float32]

@@ -23,6 +23,8 @@ Probabilities are cast to the value dtype before the PV product, as the referenc
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
@@ -256,6 +258,11 @@ def _prefill_kernel(
 _INTERPRETED = isinstance(_decode_kernel, InterpretedFunction)
 
 
+@functools.cache
+def _sm_count(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
 def _device_table(table: torch.Tensor, device: torch.device) -> torch.Tensor:
     table = table.to(device, non_blocking=True)
     return table if table.stride(1) == 1 else table.contiguous()  # kernels index rows densely
@@ -276,6 +283,9 @@ class TritonAttention:
         self.decode_splits = decode_splits
         self.block_m = block_m
         self.block_n = block_n
+        # Every layer of a forward passes the same chunks: build the prefill tile
+        # table (host work and a copy) once per forward, not once per layer.
+        self._tiles_for: tuple | None = None  # (key, tiles)
 
     # -- store ---------------------------------------------------------------
 
@@ -333,7 +343,7 @@ class TritonAttention:
             return self.decode_splits
         if device.type != "cuda":
             return 1
-        sms = torch.cuda.get_device_properties(device).multi_processor_count
+        sms = _sm_count(device)
         if num_programs >= sms:
             return 1
         # Enough programs to fill the SMs twice, but at least ~256 keys per split.
@@ -393,7 +403,15 @@ class TritonAttention:
 
     def _prefill(self, query, k_cache, v_cache, meta: AttentionMetadata, out, scalars, constants) -> None:
         block_m, block_n, num_warps = self._tiles(query.shape[2], query.dtype)
-        tiles = self._prefill_tiles(meta, block_m, query.device)
+        key = (tuple(meta.prefill_query_starts), tuple(meta.prefill_query_lens),
+               tuple(meta.prefill_context_lens), block_m, query.device)
+        if self._tiles_for is not None and self._tiles_for[0] == key:
+            tiles = self._tiles_for[1]
+        else:
+            tiles = self._prefill_tiles(meta, block_m, query.device)
+            self._tiles_for = (key, tiles)
+        if tiles.shape[0] == 0:  # only empty chunks
+            return
         tables = _device_table(meta.prefill_block_tables, query.device)
         _prefill_kernel[(tiles.shape[0], query.shape[1])](
             query, k_cache, v_cache, tables, tiles, out, *scalars,

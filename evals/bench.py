@@ -1,0 +1,87 @@
+"""Benchmark plumbing shared by every `tts bench` workload: machine facts, side-by-side
+timing (A, B, A, B … with medians), and writing JSON + a markdown table."""
+
+from __future__ import annotations
+
+import json
+import platform
+import statistics
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+BENCH_DIR = Path("docs/benchmarks")
+
+
+def machine_info() -> dict:
+    info = {
+        "python": sys.version.split()[0],
+        "torch": torch.__version__,
+        "platform": platform.platform(),
+        "processor": _cpu_name(),
+        "cpu_threads": torch.get_num_threads(),
+        "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+    }
+    import transformers
+
+    info["transformers"] = transformers.__version__
+    return info
+
+
+def _cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor()
+
+
+@dataclass
+class SideBySide:
+    """Alternating repetitions of two or more variants, each returning a metrics dict."""
+
+    name: str
+    runs: dict[str, list[dict]] = field(default_factory=dict)
+
+    def run(self, variants: dict[str, Callable[[], dict]], repeats: int) -> None:
+        for _ in range(repeats):
+            for label, fn in variants.items():
+                start = time.perf_counter()
+                metrics = fn()
+                metrics.setdefault("seconds", time.perf_counter() - start)
+                self.runs.setdefault(label, []).append(metrics)
+
+    def median(self, label: str, key: str) -> float:
+        return statistics.median(m[key] for m in self.runs[label])
+
+
+def write_report(stem: str, title: str, command: str, summary: dict, table: list[dict],
+                 notes: list[str]) -> Path:
+    """docs/benchmarks/<stem>.json and .md with machine, versions and the command."""
+    BENCH_DIR.mkdir(parents=True, exist_ok=True)
+    machine = machine_info()
+    payload = {"title": title, "command": command, "machine": machine, "summary": summary, "rows": table}
+    (BENCH_DIR / f"{stem}.json").write_text(json.dumps(payload, indent=2))
+    lines = [f"# {title}", "", f"Command: `{command}`", "",
+             "Machine: " + ", ".join(f"{k} {v}" for k, v in machine.items() if v is not None), ""]
+    if table:
+        keys = list(table[0])
+        lines += ["| " + " | ".join(keys) + " |", "|" + "---|" * len(keys)]
+        lines += ["| " + " | ".join(_fmt(row[k]) for k in keys) + " |" for row in table]
+        lines.append("")
+    lines += [f"- {n}" for n in notes]
+    path = BENCH_DIR / f"{stem}.md"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def _fmt(value) -> str:
+    if isinstance(value, float):
+        return f"{value:.3g}" if abs(value) < 100 else f"{value:,.0f}"
+    return str(value)

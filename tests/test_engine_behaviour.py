@@ -1,0 +1,106 @@
+"""Engine behaviour on the real generator: forking, preemption, seeding, stops, errors."""
+
+from __future__ import annotations
+
+import pytest
+
+from tts_runtime import CacheConfig, ConfigError, Engine, EngineConfig, SamplingParams, ScoreParams
+from tts_runtime.models.registry import resolve
+
+MATH = ("A bakery sells muffins for $3 each and cookies for $2 each. Maria buys 4 muffins and "
+        "some cookies and spends $20. How many cookies did she buy?")
+
+
+@pytest.fixture(scope="module")
+def prompt(generator_model) -> list[int]:
+    return generator_model.tokenizer.apply_chat_template(
+        [{"role": "user", "content": MATH}], tokenize=True, add_generation_prompt=True, return_dict=False)
+
+
+def test_n_children_share_the_prompt_blocks(generator_model, prompt):
+    engine = Engine(generator_model.name, EngineConfig(), loaded=generator_model)
+    params = SamplingParams(temperature=0.8, n=4, max_tokens=8, seed=3, ignore_eos=True)
+    engine.add_request("r", prompt, params)
+    engine.step()  # prefill + the first token of every child
+    group = engine._groups["r"]
+    assert len(group.sequences) == 4
+    full = len(prompt) // engine.block_size
+    shared = group.sequences[0].block_table[:full]
+    for child in group.sequences[1:]:
+        assert child.block_table[:full] == shared
+    assert all(engine.blocks.ref_count(b) == 4 for b in shared)
+    # 4 sequences of prompt + 8 tokens would need 4x the blocks without sharing.
+    out = engine.run_until_done()[0]
+    assert len(out.completions) == 4 and all(len(c.token_ids) == 8 for c in out.completions)
+    assert len({tuple(c.token_ids) for c in out.completions}) > 1
+
+
+def test_preemption_under_tiny_kv_budget_keeps_greedy_outputs(generator_model, prompt):
+    greedy = SamplingParams(temperature=0, max_tokens=48)
+    prompts = [prompt, prompt[:-3] + prompt[-3:], prompt[5:]]
+    roomy = Engine(generator_model.name, EngineConfig(), loaded=generator_model)
+    expected = [o.completions[0].token_ids for o in roomy.generate(prompts, greedy)]
+    need = -(-(len(prompt) + 48) // 16)
+    tight = Engine(generator_model.name, EngineConfig(cache=CacheConfig(num_blocks=need + 2)), loaded=generator_model)
+    got = [o.completions[0].token_ids for o in tight.generate(prompts, greedy)]
+    assert tight.scheduler.num_preemptions > 0
+    assert got == expected
+
+
+def test_seeded_sampling_is_reproducible_and_batch_independent(generator_model, prompt):
+    params = SamplingParams(temperature=1.0, top_p=0.9, top_k=50, max_tokens=24, seed=1234, ignore_eos=True)
+    alone = Engine(generator_model.name, EngineConfig(), loaded=generator_model).generate([prompt], params)
+    crowd_params = [SamplingParams(temperature=1.0, max_tokens=30, ignore_eos=True)] * 5 + [params]
+    crowd = Engine(generator_model.name, EngineConfig(), loaded=generator_model).generate([prompt] * 6, crowd_params)
+    assert alone[0].completions[0].token_ids == crowd[-1].completions[0].token_ids
+    other_seed = SamplingParams(**{**params.__dict__, "seed": 99})
+    different = Engine(generator_model.name, EngineConfig(), loaded=generator_model).generate([prompt], other_seed)
+    assert different[0].completions[0].token_ids != alone[0].completions[0].token_ids
+
+
+def test_stop_strings_cut_exactly(generator_model, prompt):
+    engine = Engine(generator_model.name, EngineConfig(), loaded=generator_model)
+    free = engine.generate([prompt], SamplingParams(temperature=0, max_tokens=80))[0].completions[0]
+    assert "\n\n" in free.text, "the greedy answer is expected to contain a paragraph break"
+    head = free.text[: free.text.index("\n\n")]
+    kept = engine.generate([prompt], SamplingParams(temperature=0, max_tokens=80, stop=("\n\n",),
+                                                     include_stop_str_in_output=True))[0].completions[0]
+    cut = engine.generate([prompt], SamplingParams(temperature=0, max_tokens=80, stop=("\n\n",)))[0].completions[0]
+    assert kept.text == head + "\n\n" and kept.finish_reason == "stop"
+    assert cut.text == head and cut.finish_reason == "stop"
+    short = engine.generate([prompt], SamplingParams(temperature=0, max_tokens=3))[0].completions[0]
+    assert short.finish_reason == "length" and len(short.token_ids) == 3
+    eos_done = engine.generate([prompt], SamplingParams(temperature=0, max_tokens=400))[0].completions[0]
+    assert eos_done.finish_reason == "eos"
+    stop_id = free.token_ids[2]
+    by_id = engine.generate([prompt], SamplingParams(temperature=0, max_tokens=80,
+                                                      stop_token_ids=(stop_id,)))[0].completions[0]
+    assert by_id.finish_reason == "stop" and by_id.token_ids == free.token_ids[:3]
+
+
+@pytest.mark.parametrize("kwargs, word", [
+    ({"temperature": -1}, "temperature"), ({"top_p": 0}, "top_p"), ({"top_k": -2}, "top_k"),
+    ({"min_p": 1.5}, "min_p"), ({"n": 0}, "n must"), ({"max_tokens": 0}, "max_tokens"),
+    ({"repetition_penalty": 0}, "repetition_penalty"), ({"stop": ("",)}, "stop"),
+])
+def test_invalid_sampling_parameters(kwargs, word):
+    with pytest.raises(ConfigError, match=word):
+        SamplingParams(**kwargs)
+
+
+def test_bad_models_and_budgets_are_clear_errors(generator_model, prompt, tmp_path):
+    with pytest.raises(ConfigError, match="unknown model 'no-such-model'"):
+        resolve("no-such-model")
+    with pytest.raises(ConfigError, match="unknown model"):
+        resolve(str(tmp_path / "missing.gguf"))
+    engine = Engine(generator_model.name, EngineConfig(), loaded=generator_model)
+    too_long = [1] * (generator_model.arch.max_position_embeddings + 1)
+    with pytest.raises(ConfigError, match="context"):
+        engine.add_request("long", too_long, SamplingParams())
+    small = Engine(generator_model.name, EngineConfig(cache=CacheConfig(num_blocks=2)), loaded=generator_model)
+    with pytest.raises(ConfigError, match="KV cache too small"):
+        small.add_request("big", prompt, SamplingParams(max_tokens=64))
+    with pytest.raises(ConfigError, match="outside the prompt"):
+        engine.add_request("score", prompt, ScoreParams([len(prompt)], [1, 2]))
+    with pytest.raises(ConfigError, match="KV cache budget"):
+        Engine(generator_model.name, EngineConfig(cache=CacheConfig(kv_cache_bytes=10)), loaded=generator_model)
