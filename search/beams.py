@@ -1,0 +1,102 @@
+"""A beam: one partial solution, as the generator's token ids and the PRM's step texts.
+
+The searches (beam search, best-of-N, DVTS) only touch beams and a `StepBackend`, which
+generates the next step(s) of many beams at once and PRM-scores them. The engine-backed
+backend lives in `search.session`; `evals.baselines` plugs in plain HF transformers, so
+both run exactly the same search code.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from search.aggregate import aggregate
+from search.config import STEP_DELIMITER, SearchConfig
+
+# finish reasons: the generator's "eos"/"length", "empty" (the step held no text) and
+# "answer" (DVTS stops a subtree once its text holds a boxed answer, as search-and-learn).
+FINISH_EMPTY = "empty"
+FINISH_LENGTH = "length"
+FINISH_ANSWER = "answer"
+
+
+@dataclass
+class Beam:
+    token_ids: list[int]  # prompt + every generated token, exactly as sampled
+    prompt_len: int
+    steps: list[str] = field(default_factory=list)
+    step_scores: list[float] = field(default_factory=list)  # one per step once scored
+    finish_reason: str | None = None  # None while the beam may still grow
+
+    @property
+    def completed(self) -> bool:
+        return self.finish_reason is not None
+
+    @property
+    def text(self) -> str:
+        return "".join(self.steps)
+
+    @property
+    def generated_tokens(self) -> int:
+        return len(self.token_ids) - self.prompt_len
+
+    def score(self, aggregation: str) -> float:
+        return aggregate(self.step_scores, aggregation)  # type: ignore[arg-type]
+
+    def child(self, token_ids: list[int], text: str, finish_reason: str | None, *,
+              max_len: int, step_tokens: int) -> Beam:
+        """This beam plus one generation (a step, or a whole solution split into steps).
+
+        The child completes on EOS, a length stop, an empty step, or when one more step of
+        `step_tokens` might not fit in the generator's context of `max_len`."""
+        ids = self.token_ids + list(token_ids)
+        new_steps = split_steps(text)
+        reason = finish_reason if finish_reason in ("eos", "length") else None
+        if reason is None and not new_steps:
+            reason = FINISH_EMPTY
+        if reason is None and len(ids) + step_tokens >= max_len:
+            reason = FINISH_LENGTH
+        return Beam(ids, self.prompt_len, self.steps + new_steps, list(self.step_scores), reason)
+
+
+def split_steps(text: str) -> list[str]:
+    """Steps of a generation, each keeping its trailing delimiter; blank pieces are dropped
+    (they carry nothing to score)."""
+    pieces = text.split(STEP_DELIMITER)
+    steps = [piece + STEP_DELIMITER for piece in pieces[:-1]] + [pieces[-1]]
+    return [step for step in steps if step.strip()]
+
+
+def derive_seed(*parts: object) -> int:
+    """A 63-bit seed from (run seed, problem id, iteration, beam index): stable across
+    processes (unlike hash() of a str) and independent of what else shares a batch."""
+    digest = hashlib.blake2b(repr(parts).encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") & 0x7FFF_FFFF_FFFF_FFFF
+
+
+@dataclass
+class StepCounts:
+    """Per-problem work: what the generator produced and what the PRM was sent."""
+
+    generated_tokens: int = 0
+    prm_tokens: int = 0  # tokens in the score requests sent to the PRM
+    prm_cached_tokens: int = 0  # of those, served from the PRM's prefix cache
+    prm_requests: int = 0
+    iterations: int = 0
+
+
+class StepBackend(Protocol):
+    config: SearchConfig
+    counts: StepCounts
+
+    def root(self) -> Beam:
+        """The empty solution: just the prompt."""
+
+    async def expand(self, beams: list[Beam], iteration: int, *, width: int = 1,
+                     to_eos: bool = False) -> list[list[Beam]]:
+        """`width` children per beam: one more step each, or (to_eos) the rest of the solution."""
+
+    async def score(self, beams: list[Beam]) -> None:
+        """Fill every beam's `step_scores` for all its steps."""

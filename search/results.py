@@ -1,0 +1,82 @@
+"""What a search returns for one problem, and how the final answer is picked.
+
+The final candidates (beam search: the kept completed beams; best-of-N: the N samples;
+DVTS: every subtree's last candidates) are ranked by aggregated PRM score. `prediction`
+is the answer of the best one (naive best-of-n); weighted and majority votes over the
+same candidates are reported beside it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from evals.datasets import Problem
+from evals.grading import extract_boxed, grade, majority_pick, weighted_pick
+from search.beams import Beam, StepCounts
+
+
+@dataclass
+class BeamResult:
+    steps: list[str]
+    step_scores: list[float]
+    score: float  # aggregated step scores
+    answer: str | None  # last \boxed{...} of the text
+    finish_reason: str | None
+    tokens: int  # generated tokens on this beam's path
+
+    @property
+    def text(self) -> str:
+        return "".join(self.steps)
+
+
+@dataclass
+class ProblemResult:
+    id: str
+    level: int | None
+    subject: str | None
+    reference: str
+    prediction: str | None
+    correct: bool
+    score: float
+    weighted_prediction: str | None
+    weighted_correct: bool
+    majority_prediction: str | None
+    majority_correct: bool
+    beams: list[BeamResult] = field(default_factory=list)
+    generated_tokens: int = 0
+    prm_tokens: int = 0
+    prm_cached_tokens: int = 0
+    prm_requests: int = 0
+    iterations: int = 0
+    seconds: float = 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, row: dict[str, Any]) -> ProblemResult:
+        beams = [BeamResult(**beam) for beam in row.get("beams", [])]
+        return cls(**{**row, "beams": beams})
+
+
+def summarize(problem: Problem, beams: list[Beam], aggregation: str, counts: StepCounts,
+              seconds: float) -> ProblemResult:
+    records = [
+        BeamResult(list(beam.steps), list(beam.step_scores), beam.score(aggregation),
+                   extract_boxed(beam.text), beam.finish_reason, beam.generated_tokens)
+        for beam in beams
+    ]
+    candidates = [(record.answer, record.score) for record in records]
+    best = max(records, key=lambda record: record.score, default=None)
+    prediction = best.answer if best else None
+    weighted, majority = weighted_pick(candidates), majority_pick(candidates)
+    return ProblemResult(
+        id=problem.id, level=problem.level, subject=problem.subject, reference=problem.answer,
+        prediction=prediction, correct=grade(prediction, problem.answer),
+        score=best.score if best else 0.0,
+        weighted_prediction=weighted, weighted_correct=grade(weighted, problem.answer),
+        majority_prediction=majority, majority_correct=grade(majority, problem.answer),
+        beams=records, generated_tokens=counts.generated_tokens, prm_tokens=counts.prm_tokens,
+        prm_cached_tokens=counts.prm_cached_tokens, prm_requests=counts.prm_requests,
+        iterations=counts.iterations, seconds=seconds)

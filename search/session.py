@@ -1,0 +1,151 @@
+"""The engine-backed step backend: one problem's generate and score requests, sent
+through the runtime so that they share the engines' batches with other problems'.
+
+Requests are submitted synchronously (`runtime.submit_*`) and only then awaited: a search
+woken by the runtime enqueues its next requests within one or two event-loop turns, before
+the runtime's next engine step, so concurrent problems land in the same batch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+
+from evals.datasets import Problem
+from search.beams import Beam, StepCounts, derive_seed
+from search.config import STEP_DELIMITER, SearchConfig
+from search.prm import PRMFormat, ScoreQuery, default_format_for, make_prm_format
+from search.prompts import PromptBuilder
+from search.score_cache import ScoreCache
+from tts_runtime.config import ConfigError
+from tts_runtime.engine.request import RequestOutput, SamplingParams
+from tts_runtime.runtime import Runtime
+
+Prefix = tuple[str, ...]
+
+
+class SearchSession:
+    """What every problem of a run shares: the runtime, prompts, PRM format and score cache."""
+
+    def __init__(self, runtime: Runtime, config: SearchConfig, cache: ScoreCache | None = None) -> None:
+        if runtime.generator.tokenizer is None or runtime.prm.tokenizer is None:
+            raise ConfigError("search needs models with tokenizers; dummy weights have none")
+        self.runtime = runtime
+        self.config = config
+        self.cache = cache if cache is not None else ScoreCache()
+        self.prompts = PromptBuilder(runtime.generator.tokenizer)
+        self.prm_format_name = config.prm_format or default_format_for(runtime.prm.spec.model)
+        self.prm_format: PRMFormat = make_prm_format(self.prm_format_name, runtime.prm.tokenizer)
+        # Scores depend on the PRM and on how its input is laid out.
+        self.prm_key = f"{runtime.prm.spec.model}:{self.prm_format_name}"
+
+    def steps_for(self, problem: Problem) -> EngineSteps:
+        return EngineSteps(self, problem)
+
+
+class EngineSteps:
+    """The `StepBackend` of one problem on our engines."""
+
+    def __init__(self, session: SearchSession, problem: Problem) -> None:
+        self.session = session
+        self.problem = problem
+        self.config: SearchConfig = session.config
+        self.counts = StepCounts()
+        self._max_len = session.runtime.generator.max_model_len
+
+    def root(self) -> Beam:
+        ids = self.session.prompts.prompt_token_ids(self.problem.question)
+        return Beam(ids, len(ids))
+
+    # -- generation ------------------------------------------------------------------
+    async def expand(self, beams: list[Beam], iteration: int, *, width: int = 1,
+                     to_eos: bool = False) -> list[list[Beam]]:
+        # Identical beams (refill copies) become one request with n children: the engine
+        # prefills their shared ids once and forks.
+        groups: dict[tuple[int, ...], list[int]] = {}
+        for index, beam in enumerate(beams):
+            groups.setdefault(tuple(beam.token_ids), []).append(index)
+        runtime = self.session.runtime
+        futures = [
+            runtime.submit_generate(beams[members[0]].token_ids,
+                                    self._params(beams[members[0]], iteration, members[0],
+                                                 len(members) * width, to_eos))
+            for members in groups.values()
+        ]
+        outputs: list[RequestOutput] = await asyncio.gather(*futures)
+        children: list[list[Beam]] = [[] for _ in beams]
+        for members, output in zip(groups.values(), outputs):
+            for slot, index in enumerate(members):
+                for completion in output.completions[slot * width:(slot + 1) * width]:
+                    self.counts.generated_tokens += len(completion.token_ids)
+                    children[index].append(beams[index].child(
+                        completion.token_ids, completion.text, completion.finish_reason,
+                        max_len=self._max_len, step_tokens=self.config.max_step_tokens))
+        return children
+
+    def _params(self, beam: Beam, iteration: int, index: int, n: int, to_eos: bool) -> SamplingParams:
+        config = self.config
+        cap = config.max_tokens if to_eos else config.max_step_tokens
+        return SamplingParams(
+            temperature=config.temperature, top_p=config.top_p, n=n,
+            seed=derive_seed(config.seed, self.problem.id, iteration, index),
+            max_tokens=min(cap, self._max_len - len(beam.token_ids)),
+            stop=() if to_eos else (STEP_DELIMITER,), include_stop_str_in_output=True)
+
+    # -- scoring ---------------------------------------------------------------------
+    async def score(self, beams: list[Beam]) -> None:
+        """Every step of every beam is scored, as search-and-learn does each iteration; the
+        cache answers all but the step prefixes never seen before."""
+        prefixes = [tuple(beam.steps[:k]) for beam in beams for k in range(1, len(beam.steps) + 1)]
+        scores = iter(await self._score_prefixes(prefixes))
+        for beam in beams:
+            beam.step_scores = [next(scores) for _ in beam.steps]
+
+    async def _score_prefixes(self, prefixes: Sequence[Prefix]) -> list[float]:
+        session = self.session
+        cache, key, pid = session.cache, session.prm_key, self.problem.id
+        known: dict[Prefix, float] = {}
+        missing: list[Prefix] = []
+        for prefix in dict.fromkeys(prefixes):
+            score = cache.get(key, pid, prefix)
+            if score is None:
+                missing.append(prefix)
+            else:
+                known[prefix] = score
+        for wave in _waves(missing):
+            queries = [session.prm_format.build(self.problem.question, list(prefix)) for prefix in wave]
+            outputs = await asyncio.gather(*(
+                session.runtime.submit_score(query.token_ids, query.score_params()) for query in queries))
+            for prefix, query, output in zip(wave, queries, outputs):
+                known[prefix] = self._record(prefix, query, output)
+        # A prefix repeated in this call (identical beams) is looked up again now that its
+        # score is stored: a cache hit, never a second PRM request.
+        seen: set[Prefix] = set()
+        scores = []
+        for prefix in prefixes:
+            scores.append(cache.get(key, pid, prefix) if prefix in seen else known[prefix])
+            seen.add(prefix)
+        return scores
+
+    def _record(self, prefix: Prefix, query: ScoreQuery, output: RequestOutput) -> float:
+        score = query.to_score(output.scores[0])
+        self.session.cache.put(self.session.prm_key, self.problem.id, prefix, score)
+        self.counts.prm_requests += 1
+        self.counts.prm_tokens += len(query.token_ids)
+        self.counts.prm_cached_tokens += output.num_cached_prompt_tokens
+        return score
+
+
+def _waves(missing: list[Prefix]) -> list[list[Prefix]]:
+    """Order misses so that a prefix goes to the PRM only after its parent prefix (when that
+    is also a miss) was computed: the child's query then reuses the parent's KV blocks
+    instead of both being prefilled side by side."""
+    wave_of: dict[Prefix, int] = {}
+    waves: list[list[Prefix]] = []
+    for prefix in sorted(missing, key=len):
+        wave = wave_of[prefix[:-1]] + 1 if prefix[:-1] in wave_of else 0
+        wave_of[prefix] = wave
+        if wave == len(waves):
+            waves.append([])
+        waves[wave].append(prefix)
+    return waves
