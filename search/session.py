@@ -24,6 +24,11 @@ from tts_runtime.runtime import Runtime
 Prefix = tuple[str, ...]
 
 
+def prm_format_name(config: SearchConfig, prm_model: str) -> str:
+    """The configured PRM format, else the one the PRM was trained with."""
+    return config.prm_format or default_format_for(prm_model)
+
+
 class SearchSession:
     """What every problem of a run shares: the runtime, prompts, PRM format and score cache."""
 
@@ -34,10 +39,10 @@ class SearchSession:
         self.config = config
         self.cache = cache if cache is not None else ScoreCache()
         self.prompts = PromptBuilder(runtime.generator.tokenizer)
-        self.prm_format_name = config.prm_format or default_format_for(runtime.prm.spec.model)
-        self.prm_format: PRMFormat = make_prm_format(self.prm_format_name, runtime.prm.tokenizer)
+        self.format_name = prm_format_name(config, runtime.prm.spec.model)
+        self.prm_format: PRMFormat = make_prm_format(self.format_name, runtime.prm.tokenizer)
         # Scores depend on the PRM and on how its input is laid out.
-        self.prm_key = f"{runtime.prm.spec.model}:{self.prm_format_name}"
+        self.prm_key = f"{runtime.prm.spec.model}:{self.format_name}"
 
     def steps_for(self, problem: Problem) -> EngineSteps:
         return EngineSteps(self, problem)

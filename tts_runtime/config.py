@@ -45,6 +45,11 @@ class EngineConfig:
     device: str = "auto"  # "auto", "cpu", "cuda", "cuda:1", ...
     attention_backend: str = "auto"  # "auto", "torch", "triton"
     seed: int = 0
+    # GPU execution switches, honoured on CUDA only (the CPU path stays the eager reference):
+    # replay decode steps from CUDA graphs captured at padded batch sizes (triton backend),
+    # and run RMSNorm, rotary embedding and the gated activation as fused Triton kernels.
+    cuda_graphs: bool = True
+    compile: bool = True
 
 
 def resolve_device(device: str) -> torch.device:

@@ -79,9 +79,10 @@ def _masked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: t
 
 def gather_kv(cache: torch.Tensor, block_tables: torch.Tensor, num_tokens: int) -> torch.Tensor:
     """[B, max_blocks] block ids -> [B, Hkv, num_tokens, D] keys or values."""
-    blocks = cache[block_tables.long()]  # [B, nb, bs, Hkv, D]
-    b, nb, bs, h, d = blocks.shape
-    return blocks.view(b, nb * bs, h, d)[:, :num_tokens].transpose(1, 2)
+    b, nb = block_tables.shape
+    # index_select copies whole blocks and is several times faster than advanced indexing on CPU.
+    blocks = cache.index_select(0, block_tables.reshape(-1).long())
+    return blocks.view(b, nb * cache.shape[1], *cache.shape[2:])[:, :num_tokens].transpose(1, 2)
 
 
 class TorchAttention:
@@ -91,8 +92,14 @@ class TorchAttention:
 
     def store_kv(self, key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor,
                  v_cache: torch.Tensor, slot_mapping: torch.Tensor) -> None:
-        k_cache.view(-1, *k_cache.shape[2:]).index_copy_(0, slot_mapping, key.to(k_cache.dtype))
-        v_cache.view(-1, *v_cache.shape[2:]).index_copy_(0, slot_mapping, value.to(v_cache.dtype))
+        if k_cache.is_contiguous():
+            k_cache.view(-1, *k_cache.shape[2:]).index_copy_(0, slot_mapping, key.to(k_cache.dtype))
+            v_cache.view(-1, *v_cache.shape[2:]).index_copy_(0, slot_mapping, value.to(v_cache.dtype))
+            return
+        # Block-major shared pools (kv_cache.shared_kv_views) are strided over blocks.
+        blocks, offsets = slot_mapping // k_cache.shape[1], slot_mapping % k_cache.shape[1]
+        k_cache[blocks, offsets] = key.to(k_cache.dtype)
+        v_cache[blocks, offsets] = value.to(v_cache.dtype)
 
     def attend(self, query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                meta: AttentionMetadata, scale: float, sliding_window: int | None,

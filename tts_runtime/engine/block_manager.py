@@ -5,11 +5,17 @@ equal whole prefixes. A hit is accepted only after comparing the stored tokens a
 hash (no silent collision). Blocks whose last user let go keep their hash in an LRU list
 and are revived by a hit; allocation takes never-cached blocks first, then evicts the
 least recently freed cached block.
+
+Never-cached free blocks are handed out lowest id first, so a pool's blocks in use pack
+into its low ids; an elastic KV pool (memory/pool.py) can then take whole free chunks off
+the top with `remove_free_blocks` and hand them to the other model with `add_blocks`.
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict, deque
+import heapq
+from collections import OrderedDict
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from memory.events import BlockEvent, BlockEventKind, BlockEventListener
@@ -40,20 +46,28 @@ class BlockStats:
 
 @dataclass
 class BlockManager:
-    num_blocks: int
+    num_blocks: int  # block ids addressed (the KV tensors' first dimension)
     block_size: int
     enable_prefix_caching: bool = True
     listeners: list[BlockEventListener] = field(default_factory=list)
     step: int = 0
+    # Ids this manager may use at start (None: all). An elastic pool adds and removes ids.
+    usable_blocks: Iterable[int] | None = None
 
     def __post_init__(self) -> None:
         self._blocks = [_Block(i) for i in range(self.num_blocks)]
-        self._free_uncached: deque[int] = deque(range(self.num_blocks))
+        usable = range(self.num_blocks) if self.usable_blocks is None else self.usable_blocks
+        self._usable: set[int] = set(usable)
+        self._free_uncached: list[int] = sorted(self._usable)  # a min-heap of ids
         self._free_cached: OrderedDict[int, None] = OrderedDict()  # LRU first
         self._by_hash: dict[int, int] = {}
         self.stats = BlockStats()
 
     # -- queries ---------------------------------------------------------------------
+    @property
+    def num_usable_blocks(self) -> int:
+        return len(self._usable)
+
     @property
     def num_free_blocks(self) -> int:
         return len(self._free_uncached) + len(self._free_cached)
@@ -64,7 +78,14 @@ class BlockManager:
 
     @property
     def num_used_blocks(self) -> int:
-        return self.num_blocks - self.num_free_blocks
+        return len(self._usable) - self.num_free_blocks
+
+    def is_usable(self, block_id: int) -> bool:
+        return block_id in self._usable
+
+    def cached_free_blocks(self) -> list[int]:
+        """Free blocks that still hold a cached prefix, least recently freed first."""
+        return list(self._free_cached)
 
     def ref_count(self, block_id: int) -> int:
         return self._blocks[block_id].ref_count
@@ -137,7 +158,7 @@ class BlockManager:
         out = []
         for _ in range(n):
             if self._free_uncached:
-                block_id = self._free_uncached.popleft()
+                block_id = heapq.heappop(self._free_uncached)
             else:
                 block_id, _ = self._free_cached.popitem(last=False)
                 self._evict(block_id)
@@ -169,7 +190,7 @@ class BlockManager:
             if block.block_hash is not None:
                 self._free_cached[block_id] = None
             else:
-                self._free_uncached.append(block_id)
+                heapq.heappush(self._free_uncached, block_id)
             self._emit("free", block_id, block.block_hash)
 
     def evict_cached(self, n: int) -> int:
@@ -178,6 +199,38 @@ class BlockManager:
         while count < n and self._free_cached:
             block_id, _ = self._free_cached.popitem(last=False)
             self._evict(block_id)
-            self._free_uncached.append(block_id)
+            heapq.heappush(self._free_uncached, block_id)
             count += 1
         return count
+
+    # -- resizing (elastic KV pool) --------------------------------------------------
+    def add_blocks(self, block_ids: Iterable[int]) -> None:
+        """Make unusable ids usable: they join the never-cached free blocks."""
+        for block_id in block_ids:
+            if block_id in self._usable:
+                raise ValueError(f"block {block_id} is already in this pool")
+            self._usable.add(block_id)
+            heapq.heappush(self._free_uncached, block_id)
+
+    def remove_free_blocks(self, block_ids: Iterable[int]) -> int:
+        """Take free blocks out of use; cached ones are evicted first (an `evict` event each).
+
+        Refuses, changing nothing, if any block is in use or not in this pool: a block a
+        sequence references never leaves. Returns how many cached blocks were evicted."""
+        ids = list(block_ids)
+        for block_id in ids:
+            if block_id not in self._usable:
+                raise ValueError(f"block {block_id} is not in this pool")
+            if self._blocks[block_id].ref_count:
+                raise ValueError(f"block {block_id} is in use: only free blocks can leave a pool")
+        evicted = 0
+        for block_id in ids:
+            if block_id in self._free_cached:
+                del self._free_cached[block_id]
+                self._evict(block_id)
+                evicted += 1
+            self._usable.discard(block_id)
+        leaving = set(ids)
+        self._free_uncached = [b for b in self._free_uncached if b not in leaving]
+        heapq.heapify(self._free_uncached)
+        return evicted

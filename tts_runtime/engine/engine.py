@@ -12,13 +12,15 @@ from tts_runtime.config import ConfigError, EngineConfig, ModelSpec, resolve_dev
 from tts_runtime.engine.attention import select_backend
 from tts_runtime.engine.batch_builder import BatchLayout, build_model_input
 from tts_runtime.engine.block_manager import ROOT_HASH, BlockManager
+from tts_runtime.engine.cuda_graphs import CudaGraphRunner
 from tts_runtime.engine.detokenizer import IncrementalDetokenizer
 from tts_runtime.engine.executor import LocalExecutor, ModelOutput
-from tts_runtime.engine.kv_cache import allocate_kv_cache, bytes_per_block
+from tts_runtime.engine.kv_cache import KVAllocation, allocate_kv_cache, bytes_per_block
 from tts_runtime.engine.request import CompletionOutput, RequestOutput, SamplingParams, ScoreParams
 from tts_runtime.engine.sampler import SamplingRow, child_generator, sample
 from tts_runtime.engine.scheduler import Scheduler
 from tts_runtime.engine.sequence import RequestGroup, Sequence, SequenceStatus
+from tts_runtime.models.layers import EAGER_OPS
 from tts_runtime.models.loader import LoadedModel, load_model
 
 DEFAULT_CPU_KV_BYTES = 1 << 30
@@ -50,7 +52,10 @@ class EngineStats:
 
 class Engine:
     def __init__(self, spec: ModelSpec | str, config: EngineConfig | None = None, *,
-                 loaded: LoadedModel | None = None, num_blocks: int | None = None) -> None:
+                 loaded: LoadedModel | None = None, num_blocks: int | None = None,
+                 kv: KVAllocation | None = None) -> None:
+        """`kv`: KV memory handed over by an owner (an elastic pool) instead of allocated
+        here; `num_blocks` is then the most blocks the pool could ever give this engine."""
         spec = ModelSpec(spec) if isinstance(spec, str) else spec
         self.spec = spec
         self.config = config or EngineConfig()
@@ -60,15 +65,21 @@ class Engine:
         self.model, self.arch, self.tokenizer = self.loaded.model, self.loaded.arch, self.loaded.tokenizer
         cache = self.config.cache
         self.block_size = cache.block_size
-        self.num_blocks = num_blocks or cache.num_blocks or self._blocks_for_bytes(cache.kv_cache_bytes)
+        if kv is not None:
+            self.num_blocks = kv.num_blocks
+        else:
+            self.num_blocks = num_blocks or cache.num_blocks or self._blocks_for_bytes(cache.kv_cache_bytes)
         if self.num_blocks < 1:
             raise ConfigError(f"KV cache budget holds no block of {self.block_size} tokens for "
                               f"{spec.model}; raise the KV memory budget")
-        self.blocks = BlockManager(self.num_blocks, self.block_size, cache.enable_prefix_caching)
+        self.blocks = BlockManager(self.num_blocks, self.block_size, cache.enable_prefix_caching,
+                                   usable_blocks=kv.usable if kv is not None else None)
         self.scheduler = Scheduler(self.config.scheduler, self.blocks)
-        self.kv_caches = allocate_kv_cache(self.arch, self.num_blocks, self.block_size, self.dtype, self.device)
+        self.kv_caches = kv.caches if kv is not None else allocate_kv_cache(
+            self.arch, self.num_blocks, self.block_size, self.dtype, self.device)
         self.backend = select_backend(self.config.attention_backend, self.device)
-        self.executor = LocalExecutor(self.model, self.kv_caches, self.backend)
+        self._select_layer_ops()
+        self.executor = LocalExecutor(self.model, self.kv_caches, self.backend, self._decode_graphs())
         self.stats = EngineStats()
         self._groups: dict[str, RequestGroup] = {}
         self._seq_ids = itertools.count()
@@ -77,6 +88,27 @@ class Engine:
         self.eos_token_ids = set(self.arch.eos_token_ids)
         if self.tokenizer is not None and self.tokenizer.eos_token_id is not None:
             self.eos_token_ids.add(self.tokenizer.eos_token_id)
+
+    def _select_layer_ops(self) -> None:
+        """Fused Triton kernels on CUDA when `compile` is on; the eager ops otherwise (the
+        CPU path, bit-exact with HF). Set on every engine: a model shared by two engines
+        runs the ops of the one built last."""
+        if self.device.type == "cuda" and self.config.compile:
+            from tts_runtime.models.fused_ops import FUSED_OPS  # imports triton: CUDA only
+
+            self.model.use_ops(FUSED_OPS)
+        else:
+            self.model.use_ops(EAGER_OPS)
+
+    def _decode_graphs(self) -> CudaGraphRunner | None:
+        """Decode CUDA graphs on CUDA with the triton backend; never built on CPU."""
+        if not (self.device.type == "cuda" and self.config.cuda_graphs and self.backend.name == "triton"):
+            return None
+        # A sequence never holds more blocks than its context or the pool allows.
+        max_blocks = min(-(-self.max_model_len // self.block_size), self.num_blocks)
+        return CudaGraphRunner(self.model, self.kv_caches, self.backend,
+                               max_num_seqs=self.config.scheduler.max_num_seqs,
+                               max_blocks_per_seq=max_blocks, block_size=self.block_size)
 
     def _blocks_for_bytes(self, budget: int | None) -> int:
         budget = DEFAULT_CPU_KV_BYTES if budget is None else budget

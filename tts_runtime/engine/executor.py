@@ -7,11 +7,15 @@ from __future__ import annotations
 
 from concurrent.futures import Future
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 
 from tts_runtime.engine.attention import AttentionBackend, AttentionMetadata
 from tts_runtime.models.decoder import DecoderModel
+
+if TYPE_CHECKING:  # cuda_graphs imports this module for ModelInput/ModelOutput
+    from tts_runtime.engine.cuda_graphs import CudaGraphRunner
 
 
 @dataclass
@@ -31,13 +35,15 @@ class ModelOutput:
 
 
 class LocalExecutor:
-    """Runs the whole model in this process (pipeline degree 1)."""
+    """Runs the whole model in this process (pipeline degree 1). With `graphs` (CUDA
+    only), decode-only batches the runner accepts replay a captured CUDA graph."""
 
     def __init__(self, model: DecoderModel, kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
-                 backend: AttentionBackend) -> None:
+                 backend: AttentionBackend, graphs: CudaGraphRunner | None = None) -> None:
         self.model = model
         self.kv_caches = kv_caches
         self.backend = backend
+        self.graphs = graphs
 
     def submit(self, batch: ModelInput) -> Future[ModelOutput]:
         future: Future[ModelOutput] = Future()
@@ -46,6 +52,8 @@ class LocalExecutor:
 
     @torch.inference_mode()
     def execute(self, batch: ModelInput) -> ModelOutput:
+        if self.graphs is not None and self.graphs.can_run(batch):
+            return self.graphs.run(batch)
         hidden = self.model(batch.input_ids, batch.positions, self.kv_caches, batch.meta, self.backend)
         return compute_output_logits(self.model, hidden, batch)
 

@@ -4,6 +4,10 @@ Sampling inverts the CDF with one uniform number per row (filling a whole vocabu
 with noise costs more than the forward of a small model on a CPU); a seeded request draws
 its number from its own generator, so its tokens do not depend on what else shares the
 batch.
+
+All tensor work runs on the logits' device. Per-row parameters reach it through
+`_on_device` (pinned, non-blocking on CUDA: a copy from pageable memory would wait for the
+forward to finish), so the only host synchronisation is the final `.tolist()`.
 """
 
 from __future__ import annotations
@@ -32,76 +36,86 @@ def child_generator(seed: int | None, child_index: int, device: torch.device) ->
     return generator
 
 
+def _on_device(values: list, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    host = torch.tensor(values, dtype=dtype)
+    if device.type != "cuda":
+        return host.to(device)
+    return host.pin_memory().to(device, non_blocking=True)
+
+
 def _apply_penalties(logits: torch.Tensor, rows: list[SamplingRow]) -> None:
     for i, row in enumerate(rows):
         p = row.params
         if not p.uses_penalties:
             continue
         if p.repetition_penalty != 1.0:
-            seen = torch.tensor(sorted(set(row.token_ids)), device=logits.device, dtype=torch.long)
+            seen = _on_device(sorted(set(row.token_ids)), torch.long, logits.device)
             values = logits[i, seen]
             logits[i, seen] = torch.where(values > 0, values / p.repetition_penalty, values * p.repetition_penalty)
         output = row.token_ids[row.num_prompt_tokens:]
         if output and (p.frequency_penalty or p.presence_penalty):
-            ids = torch.tensor(output, device=logits.device, dtype=torch.long)
-            counts = torch.bincount(ids, minlength=logits.shape[1]).to(logits.dtype)
+            ids = _on_device(output, torch.long, logits.device)
+            # Counting by index_add: CUDA bincount reads the largest id back to the host.
+            counts = torch.zeros(logits.shape[1], dtype=logits.dtype, device=logits.device)
+            counts.index_add_(0, ids, torch.ones(len(output), dtype=logits.dtype, device=logits.device))
             logits[i] -= p.frequency_penalty * counts + p.presence_penalty * (counts > 0).to(logits.dtype)
 
 
 def _filter(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
     """Temperature, top-k, top-p, min-p; returns probabilities."""
     device = logits.device
-    temps = torch.tensor([r.params.temperature for r in rows], device=device).unsqueeze(1)
+    temps = _on_device([r.params.temperature for r in rows], torch.float32, device).unsqueeze(1)
     logits = logits / temps
     top_k = [r.params.top_k for r in rows]
     top_p = [r.params.top_p for r in rows]
     if any(k > 0 for k in top_k) or any(p < 1.0 for p in top_p):
         sorted_logits, order = logits.sort(dim=-1, descending=True)
         vocab = logits.shape[1]
-        ks = torch.tensor([k if k > 0 else vocab for k in top_k], device=device).unsqueeze(1)
+        ks = _on_device([k if k > 0 else vocab for k in top_k], torch.long, device).unsqueeze(1)
         ranks = torch.arange(vocab, device=device).unsqueeze(0)
         drop = ranks >= ks
         probs_sorted = sorted_logits.softmax(dim=-1)
         # Keep the smallest prefix whose mass reaches top_p (the token crossing it stays).
         mass_before = probs_sorted.cumsum(dim=-1) - probs_sorted
-        drop |= mass_before >= torch.tensor(top_p, device=device).unsqueeze(1)
+        drop |= mass_before >= _on_device(top_p, torch.float32, device).unsqueeze(1)
         sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
         logits = torch.empty_like(logits).scatter_(1, order, sorted_logits)
     probs = logits.softmax(dim=-1)
     min_p = [r.params.min_p for r in rows]
     if any(m > 0 for m in min_p):
-        threshold = torch.tensor(min_p, device=device).unsqueeze(1) * probs.max(dim=-1, keepdim=True).values
+        threshold = _on_device(min_p, torch.float32, device).unsqueeze(1) * probs.max(dim=-1, keepdim=True).values
         probs = probs.masked_fill(probs < threshold, 0.0)
     return probs
 
 
 def sample(logits: torch.Tensor, rows: list[SamplingRow], generator: torch.Generator | None) -> list[int]:
     """logits [len(rows), vocab] -> one token id per row."""
-    logits = logits.float()
+    # Penalties write in place: into a copy, never the caller's logits (an fp32 model's own
+    # output, which the engine reuses for forked children, or a CUDA graph's static output).
+    logits = logits.to(torch.float32, copy=any(r.params.uses_penalties for r in rows))
     _apply_penalties(logits, rows)
-    greedy = [i for i, r in enumerate(rows) if r.params.greedy]
-    out = [0] * len(rows)
-    if greedy:
-        picks = logits[greedy].argmax(dim=-1).tolist()
-        for i, t in zip(greedy, picks):
-            out[i] = t
     random_rows = [i for i, r in enumerate(rows) if not r.params.greedy]
     if not random_rows:
-        return out
+        return logits.argmax(dim=-1).tolist()
     sub_rows = [rows[i] for i in random_rows]
-    probs = _filter(logits[random_rows], sub_rows)
-    picks = _inverse_cdf(probs, _uniforms(sub_rows, generator, probs.device)).tolist()
-    for i, t in zip(random_rows, picks):
-        out[i] = t
-    return out
+    if len(random_rows) == len(rows):
+        return _inverse_cdf(_filter(logits, sub_rows), _uniforms(sub_rows, generator, logits.device)).tolist()
+    picks = logits.argmax(dim=-1)  # the greedy rows' tokens; the sampled rows are overwritten
+    index = _on_device(random_rows, torch.long, logits.device)
+    probs = _filter(logits[index], sub_rows)
+    picks[index] = _inverse_cdf(probs, _uniforms(sub_rows, generator, logits.device))
+    return picks.tolist()
 
 
 def _uniforms(rows: list[SamplingRow], generator: torch.Generator | None, device: torch.device) -> torch.Tensor:
-    """One number in (0, 1] per row: seeded rows from their own stream."""
+    """One number in (0, 1] per row: seeded rows from their own stream (one draw each,
+    gathered into one write)."""
     u = 1.0 - torch.rand(len(rows), generator=generator, device=device, dtype=torch.float64)
-    for j, row in enumerate(rows):
-        if row.generator is not None:
-            u[j] = 1.0 - torch.rand(1, generator=row.generator, device=device, dtype=torch.float64)
+    seeded = [j for j, row in enumerate(rows) if row.generator is not None]
+    if seeded:
+        draws = torch.cat([torch.rand(1, generator=rows[j].generator, device=device, dtype=torch.float64)
+                           for j in seeded])
+        u[_on_device(seeded, torch.long, device)] = 1.0 - draws
     return u
 
 

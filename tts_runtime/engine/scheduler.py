@@ -47,6 +47,8 @@ class Scheduler:
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.num_preemptions = 0
+        # Admissions refused for lack of free blocks (a sign of memory starvation).
+        self.num_admission_stalls = 0
         self.budget_policy: Callable[[Scheduler], TokenBudget] = budget_policy(config.policy)
 
     # -- queue -----------------------------------------------------------------------
@@ -70,6 +72,24 @@ class Scheduler:
     def num_waiting_prefill_tokens(self) -> int:
         pending = sum(s.num_uncomputed_tokens for s in self.waiting)
         return pending + sum(s.num_uncomputed_tokens for s in self.running if not s.is_decode)
+
+    def num_waiting_blocks(self) -> int:
+        """Blocks the waiting sequences would hold once admitted (cache hits included)."""
+        bs = self.blocks.block_size
+        return sum(-(-s.num_tokens // bs) for s in self.waiting)
+
+    def blocks_to_progress(self) -> int:
+        """A pool of this many blocks lets the next step compute something: every running
+        sequence fits alone (the others can be preempted), or, with none running, the
+        next waiting one does."""
+        bs = self.blocks.block_size
+        seqs = self.running if self.running else list(self.waiting)[:1]
+        return max((-(-s.num_tokens // bs) for s in seqs), default=0)
+
+    def preempt_all(self) -> None:
+        """Preempt every running sequence (by recompute), freeing all blocks they hold."""
+        for seq in reversed(list(self.running)):
+            self._preempt(seq, ScheduledBatch())
 
     # -- one step --------------------------------------------------------------------
     def schedule(self) -> ScheduledBatch:
@@ -133,10 +153,11 @@ class Scheduler:
             if not self.running:
                 raise ConfigError(
                     f"KV cache too small: a sequence needs {len(seq.block_table) + need} blocks "
-                    f"of {self.blocks.block_size} tokens but the pool has {self.blocks.num_blocks}; "
+                    f"of {self.blocks.block_size} tokens but the pool has {self.blocks.num_usable_blocks}; "
                     "raise --kv-cache-memory / the device memory budget")
             self.blocks.free(seq.block_table)
             seq.block_table, seq.num_computed_tokens = [], 0
+            self.num_admission_stalls += 1
             return False
         seq.block_table.extend(self.blocks.allocate(need))
         seq.status = SequenceStatus.RUNNING

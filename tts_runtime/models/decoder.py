@@ -14,7 +14,8 @@ import torch
 from torch import nn
 
 from tts_runtime.models.arch import ArchConfig, RopeConfig
-from tts_runtime.models.layers import GatedMLP, RMSNorm, apply_rotary, inverse_frequencies, rotary_cos_sin
+from tts_runtime.models.layers import (EAGER_OPS, GatedMLP, LayerOps, RMSNorm, inverse_frequencies,
+                                       rotary_cos_sin)
 
 if TYPE_CHECKING:  # the engine sits above the models: type names only, no import cycle
     from tts_runtime.engine.attention import AttentionBackend, AttentionMetadata
@@ -33,6 +34,7 @@ class Attention(nn.Module):
         self.scale = arch.attention_scale
         self.window = arch.layer_window[layer]
         self.softcap = arch.attn_logit_softcapping
+        self.ops = EAGER_OPS
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                 kv_cache: tuple[torch.Tensor, torch.Tensor], meta: AttentionMetadata,
@@ -44,7 +46,7 @@ class Attention(nn.Module):
         v = v.view(t, self.num_kv_heads, self.head_dim)
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
-        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        q, k = self.ops.rotary_qk(q, k, cos, sin)
         k_cache, v_cache = kv_cache
         backend.store_kv(k, v, k_cache, v_cache, meta.slot_mapping)
         out = backend.attend(q, k_cache, v_cache, meta, self.scale, self.window, self.softcap)
@@ -94,6 +96,12 @@ class DecoderModel(nn.Module):
             self._inv_freqs[device] = [inverse_frequencies(r, self.arch.head_dim).to(device)
                                        for r in self._ropes]
         return self._inv_freqs[device]
+
+    def use_ops(self, ops: LayerOps) -> None:
+        """Route every layer's elementwise ops (norms, rotary, gated activation) to `ops`."""
+        for module in self.modules():
+            if isinstance(getattr(module, "ops", None), LayerOps):
+                module.ops = ops
 
     @property
     def output_weight(self) -> torch.Tensor:

@@ -1,8 +1,15 @@
-"""Building blocks shared by every architecture: RMSNorm, rotary embeddings, gated MLP."""
+"""Building blocks shared by every architecture: RMSNorm, rotary embeddings, gated MLP.
+
+The elementwise pieces are plain functions collected in `LayerOps`; modules call them
+through their `ops` attribute so that a GPU engine can swap in fused kernels
+(`DecoderModel.use_ops`) while the CPU keeps these exact eager ops (bit-parity with HF).
+"""
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -11,22 +18,26 @@ from torch import nn
 from tts_runtime.models.arch import RopeConfig
 
 
-class RMSNorm(nn.Module):
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, gemma_style: bool) -> torch.Tensor:
     """Gemma stores the weight as an offset from 1 and scales in fp32 before casting;
     Llama casts first and then scales. Both orders matter for bit-parity with HF."""
+    h = x.float()
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    if gemma_style:
+        return (h * (1.0 + weight.float())).type_as(x)
+    return weight * h.to(x.dtype)
 
+
+class RMSNorm(nn.Module):
     def __init__(self, dim: int, eps: float, gemma_style: bool) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.zeros(dim) if gemma_style else torch.ones(dim))
         self.eps = eps
         self.gemma_style = gemma_style
+        self.ops = EAGER_OPS
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = x.float()
-        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
-        if self.gemma_style:
-            return (h * (1.0 + self.weight.float())).type_as(x)
-        return self.weight * h.to(x.dtype)
+        return self.ops.rms_norm(x, self.weight, self.eps, self.gemma_style)
 
 
 def _llama3_scaled(inv_freq: torch.Tensor, scaling: dict) -> torch.Tensor:
@@ -69,11 +80,36 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
     return x * cos + rotated * sin
 
 
+def rotary_qk(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor,
+              sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    return apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+
+
 _ACTIVATIONS = {
     "silu": F.silu,
     "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh"),
     "gelu": F.gelu,
 }
+
+
+def act_and_mul(gate_up: torch.Tensor, activation: str) -> torch.Tensor:
+    """act(gate) * up for the fused [..., 2 * intermediate] gate/up projection."""
+    gate, up = gate_up.split(gate_up.shape[-1] // 2, dim=-1)
+    return _ACTIVATIONS[activation](gate) * up
+
+
+@dataclass(frozen=True)
+class LayerOps:
+    """The elementwise ops of a layer, by the signatures of the eager functions above.
+    Replacements may write `rotary_qk`'s q and k in place."""
+
+    rms_norm: Callable[[torch.Tensor, torch.Tensor, float, bool], torch.Tensor]
+    rotary_qk: Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor],
+                        tuple[torch.Tensor, torch.Tensor]]
+    act_and_mul: Callable[[torch.Tensor, str], torch.Tensor]
+
+
+EAGER_OPS = LayerOps(rms_norm, rotary_qk, act_and_mul)
 
 
 class GatedMLP(nn.Module):
@@ -85,9 +121,8 @@ class GatedMLP(nn.Module):
             raise ValueError(f"unsupported activation '{activation}'")
         self.gate_up_proj = nn.Linear(hidden, 2 * intermediate, bias=False)
         self.down_proj = nn.Linear(intermediate, hidden, bias=False)
-        self.activation = _ACTIVATIONS[activation]
-        self.intermediate = intermediate
+        self.activation = activation
+        self.ops = EAGER_OPS
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).split(self.intermediate, dim=-1)
-        return self.down_proj(self.activation(gate) * up)
+        return self.down_proj(self.ops.act_and_mul(self.gate_up_proj(x), self.activation))

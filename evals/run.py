@@ -1,0 +1,73 @@
+"""One evaluation run into a run folder: skip what is already there, search the rest, append
+each result as its problem ends, then write metrics over every finished problem."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from evals.datasets import Problem
+from evals.environment import machine, versions
+from evals.metrics import RunCounters, run_metrics
+from evals.report import RunFolder
+from search.config import SearchConfig
+from search.driver import run_search
+from search.results import ProblemResult
+from search.score_cache import ScoreCache
+from search.session import prm_format_name
+from tts_runtime.runtime import Runtime
+
+
+@dataclass
+class RunOutcome:
+    metrics: dict[str, Any]
+    previous: list[ProblemResult]  # finished by an earlier, resumed session
+    new: list[ProblemResult] = field(default_factory=list)
+
+
+def run_config(runtime: Runtime, config: SearchConfig, dataset: dict[str, Any],
+               command: Sequence[str]) -> dict[str, Any]:
+    """Everything needed to reproduce the run."""
+    return {
+        "method": config.method,
+        "search": config.to_dict(),
+        "models": {"generator": runtime.generator.spec.model, "prm": runtime.prm.spec.model,
+                   "prm_format": prm_format_name(config, runtime.prm.spec.model),
+                   "dtypes": {"generator": str(runtime.generator.dtype), "prm": str(runtime.prm.dtype)}},
+        "dataset": dataset,
+        "seeds": {"search": config.seed, "engine": runtime.engine_config.seed},
+        "memory": {"config": vars(runtime.memory), "plan": runtime.plan.to_dict()},
+        "versions": versions(),
+        "machine": machine(runtime.generator.device),
+        "command": list(command),
+    }
+
+
+def run_into_folder(runtime: Runtime, problems: Sequence[Problem], config: SearchConfig, folder: RunFolder,
+                    *, on_result: Callable[[ProblemResult], None] | None = None) -> RunOutcome:
+    wanted = {problem.id for problem in problems}
+    previous = [result for result in folder.finished_results() if result.id in wanted]
+    done = {result.id for result in previous}
+    todo = [problem for problem in problems if problem.id not in done]
+    outcome = RunOutcome({}, previous)
+
+    def record(result: ProblemResult) -> None:
+        folder.append(result)
+        outcome.new.append(result)
+        if on_result is not None:
+            on_result(result)
+
+    cache = ScoreCache()
+    before = RunCounters.read(runtime, cache)
+    start = time.perf_counter()
+    try:
+        run_search(runtime, todo, config, on_result=record, cache=cache)
+    finally:
+        folder.close()
+    seconds = time.perf_counter() - start
+    work = RunCounters.read(runtime, cache) - before
+    outcome.metrics = run_metrics(previous + outcome.new, outcome.new, seconds, work, runtime.plan.to_dict())
+    folder.write_metrics(outcome.metrics)
+    return outcome

@@ -1,0 +1,150 @@
+"""Memory profile of one model: the thesis's decomposition of what a co-hosted model needs.
+
+    KV = budget x utilisation - (weights + peak activations + non-torch)
+
+Weights are counted from the parameter tensors. Peak activations are measured by running
+the engine's profiling forward (the largest step it can be asked for, see
+tts_runtime/engine/profiling.py) and reading the allocator's peak:
+
+* GPU: torch.cuda.max_memory_allocated over the forward; non-torch memory (CUDA context,
+  library workspaces, and anything else on the device) is the device's used memory minus
+  what torch reserved.
+* CPU: the torch profiler's record of CPU allocations ("Total Allocated" of every
+  allocation event during the forward); a CPU budget is a user-set stand-in for a
+  device, so non-torch memory (the Python process itself) is outside it and counts 0.
+
+This module measures around a forward it is handed; it builds no model itself.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import tempfile
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+GiB = 1 << 30
+MiB = 1 << 20
+# Bump when what a profile measures changes, so cached profiles are not reused.
+PROFILE_VERSION = 1
+
+
+@dataclass(frozen=True)
+class MemoryProfile:
+    model: str
+    weights_bytes: int
+    activation_bytes: int  # peak of the profiling forward
+    non_torch_bytes: int
+    kv_bytes_per_token: int  # K and V of every layer
+    num_layers: int
+    block_size: int
+    profiled_tokens: int  # tokens in the profiling forward (max batched tokens)
+    method: str  # how activations and non-torch memory were measured
+
+    @property
+    def kv_bytes_per_token_per_layer(self) -> int:
+        return self.kv_bytes_per_token // self.num_layers
+
+    @property
+    def block_bytes(self) -> int:
+        """One KV block: block_size tokens x bytes per token per layer x layers."""
+        return self.block_size * self.kv_bytes_per_token_per_layer * self.num_layers
+
+    @property
+    def fixed_bytes(self) -> int:
+        """Everything but KV."""
+        return self.weights_bytes + self.activation_bytes + self.non_torch_bytes
+
+    def to_dict(self) -> dict:
+        return {**asdict(self), "block_bytes": self.block_bytes,
+                "kv_bytes_per_token_per_layer": self.kv_bytes_per_token_per_layer}
+
+    @classmethod
+    def from_dict(cls, row: dict) -> MemoryProfile:
+        return cls(**{k: row[k] for k in cls.__dataclass_fields__})
+
+
+def weight_bytes(model: torch.nn.Module) -> int:
+    tensors = list(model.parameters()) + list(model.buffers())
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+def measure_forward(forward: Callable[[], None], device: torch.device) -> tuple[int, int, str]:
+    """(peak activation bytes, non-torch bytes, method) of one run of `forward`."""
+    if device.type == "cuda":
+        return _measure_cuda(forward, device)
+    return _measure_cpu(forward), 0, ("cpu: peak of torch CPU allocations during the profiling "
+                                      "forward (torch profiler); non-torch memory is outside a CPU budget")
+
+
+def _measure_cuda(forward: Callable[[], None], device: torch.device) -> tuple[int, int, str]:
+    torch.cuda.synchronize(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    base = torch.cuda.memory_allocated(device)
+    forward()
+    torch.cuda.synchronize(device)
+    peak = torch.cuda.max_memory_allocated(device) - base
+    free, total = torch.cuda.mem_get_info(device)
+    non_torch = max(0, total - free - torch.cuda.memory_reserved(device))
+    return peak, non_torch, ("cuda: torch.cuda.max_memory_allocated over the profiling forward; "
+                             "non-torch = device used - torch reserved")
+
+
+def _measure_cpu(forward: Callable[[], None]) -> int:
+    # The profiler's CPU allocator reporter counts only allocations made while it runs, so
+    # its running total is exactly the memory the forward added on top of what existed.
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    with torch.profiler.profile(activities=activities, profile_memory=True) as prof:
+        forward()
+    with tempfile.TemporaryDirectory() as tmp:
+        trace = Path(tmp) / "trace.json"
+        prof.export_chrome_trace(str(trace))
+        events = json.loads(trace.read_text())["traceEvents"]
+    totals = [e["args"]["Total Allocated"] for e in events
+              if e.get("name") == "[memory]" and e["args"].get("Device Type") == 0]
+    return max(totals, default=0)
+
+
+def profile_model(model: str, module: torch.nn.Module, kv_bytes_per_token: int, num_layers: int,
+                  block_size: int, profiled_tokens: int, forward: Callable[[], None],
+                  device: torch.device) -> MemoryProfile:
+    """Profile one loaded model; `forward` is its profiling forward (set up by the caller)."""
+    forward()  # warm-up: lazy kernel/library initialisation is not activation memory
+    activations, non_torch, method = measure_forward(forward, device)
+    return MemoryProfile(model=model, weights_bytes=weight_bytes(module), activation_bytes=activations,
+                         non_torch_bytes=non_torch, kv_bytes_per_token=kv_bytes_per_token,
+                         num_layers=num_layers, block_size=block_size, profiled_tokens=profiled_tokens,
+                         method=method)
+
+
+@dataclass(frozen=True)
+class ProfileCache:
+    """Profiles on disk, keyed by everything that changes them: a profiling forward at the
+    full token budget takes seconds to minutes on a CPU, and its result is deterministic."""
+
+    directory: Path
+
+    def _path(self, key: dict) -> Path:
+        text = json.dumps({**key, "version": PROFILE_VERSION, "torch": torch.__version__}, sort_keys=True)
+        return self.directory / f"{hashlib.sha256(text.encode()).hexdigest()[:24]}.json"
+
+    def get(self, key: dict) -> MemoryProfile | None:
+        path = self._path(key)
+        if not path.is_file():
+            return None
+        return MemoryProfile.from_dict(json.loads(path.read_text()))
+
+    def put(self, key: dict, profile: MemoryProfile) -> None:
+        path = self._path(key)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".partial")
+        tmp.write_text(json.dumps(profile.to_dict(), indent=2))
+        tmp.rename(path)
+
+
+def format_bytes(n: int) -> str:
+    return f"{n / GiB:.2f} GiB" if abs(n) >= GiB else f"{n / MiB:.1f} MiB"

@@ -1,0 +1,68 @@
+"""Continuous problem batching: up to `problem_batch` searches in flight on one runtime.
+
+Every problem is an asyncio task; a semaphore admits `problem_batch` of them at a time, in
+problem order, and a finished search frees its slot at once, so the engines' batches never
+drain while problems remain. The runtime steps both engines whenever every search is
+waiting on it. A problem's requests carry seeds derived from its own id and state, so its
+result does not depend on which other problems shared its batches.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Sequence
+
+from evals.datasets import Problem
+from search.beam import beam_search
+from search.beams import StepBackend
+from search.best_of_n import best_of_n
+from search.config import SearchConfig
+from search.dvts import dvts
+from search.results import ProblemResult, summarize
+from search.score_cache import ScoreCache
+from search.session import SearchSession
+from tts_runtime.runtime import Runtime
+
+SEARCHES = {"beam": beam_search, "bon": best_of_n, "dvts": dvts}
+ResultCallback = Callable[[ProblemResult], None]
+
+
+async def solve(steps: StepBackend, problem: Problem) -> ProblemResult:
+    """Run the configured search on one problem through any step backend."""
+    start = time.perf_counter()
+    beams = await SEARCHES[steps.config.method](steps)
+    return summarize(problem, beams, steps.config.aggregation, steps.counts, time.perf_counter() - start)
+
+
+async def arun_search(runtime: Runtime, problems: Sequence[Problem], config: SearchConfig, *,
+                      on_result: ResultCallback | None = None,
+                      cache: ScoreCache | None = None) -> list[ProblemResult]:
+    """Search every problem; `on_result` sees each result as its problem ends (in finishing
+    order); the returned list is in problem order."""
+    session = SearchSession(runtime, config, cache)
+    slots = asyncio.Semaphore(config.problem_batch)
+
+    async def one(problem: Problem) -> ProblemResult:
+        async with slots:
+            result = await solve(session.steps_for(problem), problem)
+            session.cache.drop_problem(problem.id)
+        if on_result is not None:
+            on_result(result)
+        return result
+
+    tasks = [asyncio.ensure_future(one(problem)) for problem in problems]
+    everything = asyncio.gather(*tasks)
+    try:
+        await runtime.drive(everything)
+    finally:
+        # On an error, stop the other searches instead of leaving them waiting forever.
+        for task in tasks:
+            task.cancel()
+    return await everything
+
+
+def run_search(runtime: Runtime, problems: Sequence[Problem], config: SearchConfig, *,
+               on_result: ResultCallback | None = None,
+               cache: ScoreCache | None = None) -> list[ProblemResult]:
+    return asyncio.run(arun_search(runtime, problems, config, on_result=on_result, cache=cache))
