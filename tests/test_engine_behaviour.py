@@ -104,3 +104,19 @@ def test_bad_models_and_budgets_are_clear_errors(generator_model, prompt, tmp_pa
         engine.add_request("score", prompt, ScoreParams([len(prompt)], [1, 2]))
     with pytest.raises(ConfigError, match="KV cache budget"):
         Engine(generator_model.name, EngineConfig(cache=CacheConfig(kv_cache_bytes=10)), loaded=generator_model)
+
+
+def test_snapshot_reports_prefix_hits_and_pool_occupancy(generator_model, prompt):
+    engine = Engine(generator_model.name, EngineConfig(), loaded=generator_model)
+    greedy = SamplingParams(temperature=0, max_tokens=4)
+    engine.generate([prompt], greedy)
+    first = engine.snapshot()
+    assert first["prefix_hits"] == 0 and first["blocks_in_use"] == 0
+    assert first["blocks_cached_free"] == (len(prompt) + 3) // engine.block_size
+    engine.generate([prompt], greedy)
+    second = engine.snapshot()
+    full = (len(prompt) - 1) // engine.block_size
+    assert second["prefix_hits"] == full
+    assert second["prefix_queries"] == first["prefix_queries"] + full
+    assert second["cached_prompt_tokens"] == full * engine.block_size
+    assert second["computed_tokens"] - first["computed_tokens"] == len(prompt) - full * engine.block_size + 3

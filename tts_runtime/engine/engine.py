@@ -118,6 +118,18 @@ class Engine:
     def max_model_len(self) -> int:
         return self.arch.max_position_embeddings
 
+    def snapshot(self) -> dict:
+        """Counters for reports: engine stats plus prefix-cache and pool occupancy."""
+        blocks = self.blocks.stats
+        return {
+            **self.stats.as_dict(),
+            "prefix_queries": blocks.prefix_queries, "prefix_hits": blocks.prefix_hits,
+            "prefix_hit_rate": blocks.prefix_hits / blocks.prefix_queries if blocks.prefix_queries else 0.0,
+            "evictions": blocks.evictions, "preemptions": self.scheduler.num_preemptions,
+            "blocks_total": self.num_blocks, "blocks_in_use": self.blocks.num_used_blocks,
+            "blocks_cached_free": self.blocks.num_cached_free_blocks, "blocks_free": self.blocks.num_free_blocks,
+        }
+
     def add_block_listener(self, listener: BlockEventListener) -> None:
         self.blocks.listeners.append(listener)
 
