@@ -79,7 +79,9 @@ def accuracy(results: Sequence[ProblemResult]) -> dict[str, Any]:
 
 def throughput(results: Sequence[ProblemResult], seconds: float, work: RunCounters) -> dict[str, Any]:
     """Rates over the problems this session solved (a resumed run's earlier ones excluded)."""
-    per_s = (lambda amount: amount / seconds) if seconds > 0 else (lambda amount: 0.0)
+    def per_s(amount: float) -> float:
+        return amount / seconds if seconds > 0 else 0.0
+
     return {
         "problems": len(results),
         "seconds": seconds,
@@ -96,6 +98,6 @@ def throughput(results: Sequence[ProblemResult], seconds: float, work: RunCounte
 
 
 def run_metrics(all_results: Sequence[ProblemResult], new_results: Sequence[ProblemResult],
-                seconds: float, work: RunCounters, memory_plan: dict[str, Any]) -> dict[str, Any]:
-    return {**accuracy(all_results), "throughput": throughput(new_results, seconds, work),
-            "memory_plan": memory_plan}
+                seconds: float, work: RunCounters, memory: dict[str, Any]) -> dict[str, Any]:
+    """`memory`: the runtime's memory report (plan, prefix-cache and thrash per model)."""
+    return {**accuracy(all_results), "throughput": throughput(new_results, seconds, work), "memory": memory}

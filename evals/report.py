@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -26,7 +26,7 @@ _RESUME_KEYS = ("method", "search", "models", "dataset")
 @dataclass
 class RunFolder:
     path: Path
-    _results: TextIO | None = None
+    _results: TextIO | None = field(default=None, repr=False)  # results.jsonl, opened on first append
 
     @classmethod
     def open(cls, path: str | Path, *, resume: bool) -> RunFolder:

@@ -68,6 +68,6 @@ def run_into_folder(runtime: Runtime, problems: Sequence[Problem], config: Searc
         folder.close()
     seconds = time.perf_counter() - start
     work = RunCounters.read(runtime, cache) - before
-    outcome.metrics = run_metrics(previous + outcome.new, outcome.new, seconds, work, runtime.plan.to_dict())
+    outcome.metrics = run_metrics(previous + outcome.new, outcome.new, seconds, work, runtime.memory_metrics())
     folder.write_metrics(outcome.metrics)
     return outcome

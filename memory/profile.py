@@ -68,6 +68,21 @@ class MemoryProfile:
         return cls(**{k: row[k] for k in cls.__dataclass_fields__})
 
 
+def device_total_bytes(device: torch.device) -> int | None:
+    """The device's total memory from NVML on GPU; None on CPU (the user sets a budget)."""
+    if device.type != "cuda":
+        return None
+    import pynvml
+
+    pynvml.nvmlInit()
+    try:
+        uuid = torch.cuda.get_device_properties(device).uuid
+        handle = pynvml.nvmlDeviceGetHandleByUUID(f"GPU-{uuid}")
+        return int(pynvml.nvmlDeviceGetMemoryInfo(handle).total)
+    finally:
+        pynvml.nvmlShutdown()
+
+
 def weight_bytes(model: torch.nn.Module) -> int:
     tensors = list(model.parameters()) + list(model.buffers())
     return sum(t.numel() * t.element_size() for t in tensors)

@@ -181,11 +181,11 @@ def plan_memory(config: MemoryConfig, generator: MemoryProfile, prm: MemoryProfi
     budget = config.device_memory or device_total or DEFAULT_CPU_BUDGET
     kv, non_torch = kv_budget(budget, config.utilization, generator, prm)
     if config.policy == "static":
-        fraction, reason = config.prm_fraction, f"static: PRM fraction {config.prm_fraction:.2f} as set"
+        fraction, reason = config.prm_fraction, f"PRM fraction {config.prm_fraction:.2f} as set"
     else:
         fraction, reason = auto_fraction(generator, prm, workload)
         if config.policy == "elastic":
-            reason = (f"elastic: one pool of KV chunks, starting at PRM fraction {fraction:.2f} "
+            reason = (f"one pool of KV chunks, starting at PRM fraction {fraction:.2f} "
                       f"({reason}); chunks move at run time to the starved model")
     common = (config.policy, budget, config.utilization, non_torch, kv, fraction, reason)
     if config.policy == "elastic":

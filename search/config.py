@@ -40,7 +40,8 @@ class SearchConfig:
     # always does; the thesis does not).
     eos_sampling: bool = False
     prm_format: str | None = None  # None: the PRM's own format (search.prm.default_format_for)
-    problem_batch: int = 1  # searches in flight at once
+    # Searches in flight at once; their requests share the engines' batches.
+    problem_batch: int = 8
     seed: int = 42
 
     def __post_init__(self) -> None:

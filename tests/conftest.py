@@ -45,3 +45,23 @@ def hf_reference():
         return cache[loaded.name]
 
     return get
+
+
+@pytest.fixture(scope="session")
+def search_runtime(generator_model: LoadedModel, prm_model: LoadedModel):
+    """The demo generator and PRM co-hosted on one runtime (3 GiB budget), shared by the
+    search and CLI tests."""
+    from memory.split import MemoryConfig
+    from tts_runtime.runtime import Runtime
+
+    runtime = Runtime(generator_model, prm_model, memory=MemoryConfig(device_memory=3 << 30))
+    yield runtime
+    runtime.shutdown()
+
+
+@pytest.fixture(scope="session")
+def math500_path() -> Path:
+    path = shared_data_dir() / "math500" / "test.jsonl"
+    if not path.is_file():
+        pytest.skip(f"no MATH-500 copy at {path}")
+    return path

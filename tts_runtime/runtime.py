@@ -3,19 +3,36 @@
 Callers enqueue generate/score requests and get asyncio futures (or use the blocking
 helpers). One driver steps both engines in turn while any future is pending, so requests
 from every in-flight search share the engines' batches.
+
+Memory: both models are profiled (weights, peak activations of a forward at the token
+budget, non-torch), the budget left for KV is split by the memory policy (memory/split.py),
+and, under `elastic`, the two engines' KV lives in one chunked pool whose free chunks move
+between steps to the starved engine (memory/pool.py, memory/elastic.py). A thrash tracker
+listens to each engine's block events; `memory_metrics()` reports all of it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import itertools
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, replace
 
-from memory.split import MemoryConfig, MemoryPlan, plan_memory
-from tts_runtime.config import EngineConfig, ModelSpec, resolve_device, resolve_dtype
+import torch
+
+from memory.elastic import ElasticPolicy, Pressure
+from memory.pool import ElasticKVPool
+from memory.profile import MemoryProfile, ProfileCache, device_total_bytes, profile_model
+from memory.split import MemoryConfig, MemoryPlan, Workload, plan_memory
+from memory.thrash import ThrashTracker
+from tts_runtime.config import ConfigError, EngineConfig, ModelSpec, resolve_device, resolve_dtype
 from tts_runtime.engine.engine import Engine
+from tts_runtime.engine.kv_cache import KVAllocation, element_size, shared_kv_views
+from tts_runtime.engine.profiling import EngineRole, profile_tokens, profiling_forward
 from tts_runtime.engine.request import RequestOutput, SamplingParams, ScoreParams
-from tts_runtime.models.loader import load_model
+from tts_runtime.models.loader import LoadedModel, cache_root, load_model
+
+GENERATOR, PRM = "generator", "prm"
+_DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
 
 
 @dataclass
@@ -24,22 +41,93 @@ class RuntimeStats:
     prm: dict
 
 
+def _load(model: ModelSpec | str | LoadedModel, device: torch.device) -> tuple[ModelSpec, LoadedModel]:
+    """A spec and its loaded model; an already loaded model is reused (sweeps build many runtimes)."""
+    if isinstance(model, LoadedModel):
+        return ModelSpec(model.name, _DTYPE_NAMES[model.model.output_weight.dtype]), model
+    spec = ModelSpec(model) if isinstance(model, str) else model
+    return spec, load_model(spec.model, resolve_dtype(spec.dtype, device), device)
+
+
+def profile_one(loaded: LoadedModel, role: EngineRole, config: EngineConfig,
+                cache: ProfileCache | None = None) -> MemoryProfile:
+    """Memory profile of one loaded model in an engine of this config (cached on disk)."""
+    weight = loaded.model.output_weight
+    tokens = profile_tokens(loaded, config.scheduler.max_num_batched_tokens)
+    key = {"model": loaded.name, "dtype": str(weight.dtype), "device": str(weight.device), "role": role,
+           "tokens": tokens, "max_num_seqs": config.scheduler.max_num_seqs,
+           "block_size": config.cache.block_size, "attention": config.attention_backend}
+    cached = cache.get(key) if cache is not None else None
+    if cached is not None:
+        return cached
+    forward = profiling_forward(loaded, tokens, config.scheduler.max_num_seqs, role, config.cache.block_size,
+                                config.attention_backend)
+    profile = profile_model(loaded.name, loaded.model, loaded.arch.kv_bytes_per_token(weight.element_size()),
+                            loaded.arch.num_layers, config.cache.block_size, tokens, forward, weight.device)
+    if cache is not None:
+        cache.put(key, profile)
+    return profile
+
+
+def profile_models(generator: LoadedModel, prm: LoadedModel, config: EngineConfig) -> tuple[MemoryProfile, MemoryProfile]:
+    """Profiles of the co-hosted pair: the generator samples, the PRM only scores."""
+    cache = ProfileCache(cache_root() / "profiles")
+    return profile_one(generator, "generate", config, cache), profile_one(prm, "score", config, cache)
+
+
 class Runtime:
-    def __init__(self, generator: ModelSpec | str, prm: ModelSpec | str,
-                 memory: MemoryConfig | None = None, engine_config: EngineConfig | None = None) -> None:
+    def __init__(self, generator: ModelSpec | str | LoadedModel, prm: ModelSpec | str | LoadedModel,
+                 memory: MemoryConfig | None = None, engine_config: EngineConfig | None = None, *,
+                 device: str | None = None, workload: Workload | None = None,
+                 profiles: tuple[MemoryProfile, MemoryProfile] | None = None) -> None:
+        """`device` overrides engine_config.device; `workload` informs the auto and elastic
+        policies; `profiles` skips profiling (a sweep profiles once for every setting)."""
         self.engine_config = engine_config or EngineConfig()
+        if device is not None:
+            self.engine_config = replace(self.engine_config, device=device)
         self.memory = memory or MemoryConfig()
-        gen_spec = ModelSpec(generator) if isinstance(generator, str) else generator
-        prm_spec = ModelSpec(prm) if isinstance(prm, str) else prm
-        device = resolve_device(self.engine_config.device)
-        gen_loaded = load_model(gen_spec.model, resolve_dtype(gen_spec.dtype, device), device)
-        prm_loaded = load_model(prm_spec.model, resolve_dtype(prm_spec.dtype, device), device)
-        self.plan: MemoryPlan = plan_memory(self.memory, gen_loaded, prm_loaded, self.engine_config, device)
-        self.generator = Engine(gen_spec, self.engine_config, loaded=gen_loaded,
-                                num_blocks=self.plan.generator_blocks)
-        self.prm = Engine(prm_spec, self.engine_config, loaded=prm_loaded, num_blocks=self.plan.prm_blocks)
+        dev = resolve_device(self.engine_config.device)
+        gen_spec, gen_loaded = _load(generator, dev)
+        prm_spec, prm_loaded = _load(prm, dev)
+        self.profiles = profiles or profile_models(gen_loaded, prm_loaded, self.engine_config)
+        dtypes = (resolve_dtype(gen_spec.dtype, dev), resolve_dtype(prm_spec.dtype, dev))
+        self.plan: MemoryPlan = plan_memory(
+            self.memory, *self.profiles, device_total=device_total_bytes(dev), workload=workload,
+            element_sizes=(element_size(dtypes[0]), element_size(dtypes[1])))
+        self.pool: ElasticKVPool | None = None
+        self.elastic: ElasticPolicy | None = None
+        if self.plan.policy == "elastic":
+            if dtypes[0] != dtypes[1]:
+                raise ConfigError(f"elastic memory needs both models in one dtype (generator {dtypes[0]}, "
+                                  f"PRM {dtypes[1]}): a shared chunk is read in either; set --dtype")
+            self.pool = ElasticKVPool.split(self.plan.chunks, GENERATOR, PRM, self.plan.prm_chunks, dev)
+            self.generator = Engine(gen_spec, self.engine_config, loaded=gen_loaded,
+                                    kv=self._shared_kv(GENERATOR, gen_loaded, dtypes[0]))
+            self.prm = Engine(prm_spec, self.engine_config, loaded=prm_loaded,
+                              kv=self._shared_kv(PRM, prm_loaded, dtypes[1]))
+            self.pool.attach(GENERATOR, self.generator.blocks)
+            self.pool.attach(PRM, self.prm.blocks)
+            self.elastic = ElasticPolicy(self.pool)
+        else:
+            self.generator = Engine(gen_spec, self.engine_config, loaded=gen_loaded,
+                                    num_blocks=self.plan.generator_blocks)
+            self.prm = Engine(prm_spec, self.engine_config, loaded=prm_loaded, num_blocks=self.plan.prm_blocks)
+        self.trackers = {GENERATOR: ThrashTracker(), PRM: ThrashTracker()}
+        self.generator.add_block_listener(self.trackers[GENERATOR])
+        self.prm.add_block_listener(self.trackers[PRM])
+        self.num_steps = 0
         self._pending: dict[tuple[str, str], asyncio.Future | list] = {}
         self._ids = itertools.count()
+
+    def _shared_kv(self, member: str, loaded: LoadedModel, dtype: torch.dtype) -> KVAllocation:
+        layout = self.plan.chunks
+        caches = shared_kv_views(self.pool.buffer, loaded.arch, layout.num_blocks(member),
+                                 self.engine_config.cache.block_size, layout.members[member].block_stride, dtype)
+        return KVAllocation(caches, layout.num_blocks(member), self.pool.usable_blocks(member))
+
+    @property
+    def engines(self) -> dict[str, Engine]:
+        return {GENERATOR: self.generator, PRM: self.prm}
 
     # -- async API -------------------------------------------------------------------
     def submit_generate(self, prompt: list[int], params: SamplingParams) -> asyncio.Future:
@@ -63,17 +151,48 @@ class Runtime:
         return await self.submit_score(prompt, params)
 
     def step(self) -> int:
-        """One step of each engine that has work; resolves finished futures."""
+        """One step of each engine that has work (and, under elastic, the memory to run);
+        resolves finished futures."""
+        runnable = {name for name, engine in self.engines.items() if engine.has_unfinished_requests()}
+        if self.elastic is not None and runnable:
+            runnable = self.elastic.rebalance(self._pressures(), self.num_steps, self._yielders())
+            if not runnable:
+                raise RuntimeError("elastic memory left no engine able to step")
         resolved = 0
-        for kind, engine in (("g", self.generator), ("p", self.prm)):
-            if not engine.has_unfinished_requests():
+        for kind, name in (("g", GENERATOR), ("p", PRM)):
+            if name not in runnable:
                 continue
-            for output in engine.step():
+            for output in self.engines[name].step():
                 future = self._pending.pop((kind, output.request_id))
                 if not future.cancelled():
                     future.set_result(output)
                 resolved += 1
+        self.num_steps += 1
+        for name, engine in self.engines.items():
+            blocks = engine.blocks
+            self.trackers[name].record_step(self.num_steps, blocks.num_used_blocks, blocks.num_cached_free_blocks,
+                                            blocks.num_free_blocks - blocks.num_cached_free_blocks)
         return resolved
+
+    def _pressure(self, name: str) -> Pressure:
+        engine = self.engines[name]
+        scheduler, blocks = engine.scheduler, engine.blocks
+        return Pressure(
+            has_work=scheduler.has_work, owned_blocks=blocks.num_usable_blocks,
+            free_blocks=blocks.num_free_blocks, waiting_blocks=scheduler.num_waiting_blocks(),
+            blocks_to_progress=scheduler.blocks_to_progress(), preemptions=scheduler.num_preemptions,
+            admission_stalls=scheduler.num_admission_stalls, thrash_events=self.trackers[name].thrash_events)
+
+    def _pressures(self) -> dict[str, Pressure]:
+        return {name: self._pressure(name) for name in self.engines}
+
+    def _yielders(self) -> dict:
+        def yielder(name: str):
+            def run() -> Pressure:
+                self.engines[name].scheduler.preempt_all()
+                return self._pressure(name)
+            return run
+        return {name: yielder(name) for name in self.engines}
 
     @property
     def busy(self) -> bool:
@@ -94,6 +213,32 @@ class Runtime:
 
     def stats(self) -> RuntimeStats:
         return RuntimeStats(self.generator.stats.as_dict(), self.prm.stats.as_dict())
+
+    def memory_metrics(self) -> dict:
+        """The memory plan, per-model prefix-cache and thrash statistics, preemptions, the
+        per-step block timeline, and (elastic) every chunk move: for metrics.json."""
+        models = {}
+        for name, engine in self.engines.items():
+            tracker = self.trackers[name]
+            timeline = tracker.timeline
+            totals = [u + c + f for u, c, f in zip(timeline.in_use, timeline.cached, timeline.free)]
+            models[name] = {
+                **tracker.summary(),
+                "preemptions": engine.scheduler.num_preemptions,
+                "admission_stalls": engine.scheduler.num_admission_stalls,
+                "blocks": {"start": getattr(self.plan, f"{name}_blocks"), "end": engine.blocks.num_usable_blocks,
+                           "min": min(totals, default=0), "max": max(totals, default=0),
+                           "mean": sum(totals) / len(totals) if totals else 0.0},
+                "peak_blocks_in_use": max(timeline.in_use, default=0),
+                "timeline": timeline.to_dict(),
+            }
+        return {
+            "plan": self.plan.to_dict(), "steps": self.num_steps, **models,
+            "elastic": None if self.pool is None else {
+                "moves": [asdict(move) for move in self.pool.moves],
+                "chunks_moved": sum(len(move.chunks) for move in self.pool.moves),
+            },
+        }
 
     def shutdown(self) -> None:
         self.generator.shutdown()

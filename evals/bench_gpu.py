@@ -1,0 +1,392 @@
+"""`tts bench gpu`: the GPU execution path against HF transformers and against rooflines,
+on the seed models' shapes with dummy (random) weights, bf16.
+
+(a) decode: Llama-3.2-1B, batch 64 and 256, 128-token prompts, 512 new tokens (T=0.8,
+    ignore EOS); output tokens/s of tts vs HF `generate`, plus two ablations of tts
+    (CUDA graphs off; fused Triton ops off).
+(b) prefill: Llama-3.1-8B score requests of 512-token prompts (one scored position, two
+    candidate ids, like a PRM); prompt tokens/s of tts vs an HF forward over the same
+    batches, with all logits (how search-and-learn scores) and with the last position's
+    only (`logits_to_keep=1`, the leanest HF forward), plus tts with fused ops off.
+(c) search: beam search n=4, M=4 with the demo models on the first 50 MATH-500 problems,
+    problems/min of tts vs the plain HF baseline, through the search benchmark
+    (evals/bench_search.py; its own report goes to docs/benchmarks/gpu-search/).
+
+Rooflines come from the same GPU, measured in the same run:
+* HBM bandwidth: a large device-to-device copy (bytes read + written per second);
+* bf16 matmul rate: a large square bf16 matmul.
+A decode run cannot beat prefill at the matmul rate plus, per decode step, the weights
+and every sequence's KV read once at that bandwidth. A prefill token costs 2 FLOPs per
+weight of the layers it passes through plus its attention products (the output layer
+runs only on scored rows, the embedding is a lookup).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+
+import torch
+
+from evals.bench import BENCH_DIR, SideBySide, write_report
+from tts_runtime.config import CacheConfig, ConfigError, EngineConfig, SchedulerConfig
+from tts_runtime.engine.device_memory import device_memory_info, gpu_facts
+from tts_runtime.engine.engine import Engine
+from tts_runtime.engine.request import SamplingParams, ScoreParams
+from tts_runtime.models.arch import ArchConfig
+from tts_runtime.models.layers import EAGER_OPS
+from tts_runtime.models.loader import LoadedModel, load_model
+from tts_runtime.models.registry import BUILTIN_CONFIGS
+
+GiB = 1 << 30
+# Random prompt ids stay below Llama 3's special tokens (128000+).
+_PROMPT_VOCAB = 128000
+
+
+@dataclass(frozen=True)
+class GpuBenchConfig:
+    decode_model: str = "llama-3.2-1b"
+    decode_batches: tuple[int, ...] = (64, 256)
+    prompt_tokens: int = 128
+    new_tokens: int = 512
+    prefill_model: str = "llama-3.1-8b"
+    prefill_prompt_tokens: int = 512
+    prefill_requests: int = 256
+    # Engine token budget per step, and tokens per HF forward (16 prompts of 512).
+    prefill_batch_tokens: int = 8192
+    repeats: int = 3
+    seed: int = 0
+    search_limit: int = 50  # MATH-500 problems for (c); 0 skips it
+
+
+def require_cuda() -> torch.device:
+    if not torch.cuda.is_available():
+        raise ConfigError("tts bench gpu needs a CUDA GPU, and torch sees none "
+                          "(torch.cuda.is_available() is False); run it on a GPU machine")
+    return torch.device("cuda")
+
+
+# -- rooflines -----------------------------------------------------------------------------
+
+def _median_seconds(fn: Callable[[], object], iters: int, warmup: int = 3) -> float:
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(iters):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / 1000)
+    return statistics.median(times)
+
+
+def measure_hbm_bandwidth(device: torch.device, nbytes: int = 2 * GiB, iters: int = 20) -> float:
+    """Bytes per second of a device-to-device copy, counting the read and the write."""
+    src = torch.empty(nbytes, dtype=torch.uint8, device=device)
+    dst = torch.empty_like(src)
+    seconds = _median_seconds(lambda: dst.copy_(src), iters)
+    del src, dst
+    torch.cuda.empty_cache()
+    return 2 * nbytes / seconds
+
+
+def measure_bf16_matmul(device: torch.device, n: int = 8192, iters: int = 20) -> float:
+    """FLOP/s of an n x n x n bf16 matmul."""
+    a = torch.randn(n, n, dtype=torch.bfloat16, device=device)
+    b = torch.randn(n, n, dtype=torch.bfloat16, device=device)
+    out = torch.empty(n, n, dtype=torch.bfloat16, device=device)
+    seconds = _median_seconds(lambda: torch.matmul(a, b, out=out), iters)
+    del a, b, out
+    torch.cuda.empty_cache()
+    return 2 * n ** 3 / seconds
+
+
+def _layer_params(arch: ArchConfig) -> int:
+    embed = arch.vocab_size * arch.hidden_size * (1 if arch.tie_word_embeddings else 2)
+    return arch.num_parameters() - embed
+
+
+def prefill_flops_per_token(arch: ArchConfig, context: int) -> float:
+    """Layers' weights x 2, plus QK^T and PV over the causal context (mean context/2)."""
+    attention = 4 * arch.num_layers * arch.num_heads * arch.head_dim * (context + 1) / 2
+    return 2 * _layer_params(arch) + attention
+
+
+def decode_roofline_seconds(arch: ArchConfig, batch: int, prompt: int, new: int, bandwidth: float,
+                            flops: float, element_bytes: int = 2) -> float:
+    """Lower bound of a whole generate run: the prompts' prefill at the matmul rate, then
+    new - 1 decode steps each reading every weight the step uses (layers + output layer)
+    and each sequence's KV once."""
+    weights = (_layer_params(arch) + arch.vocab_size * arch.hidden_size) * element_bytes
+    kv_per_token = arch.kv_bytes_per_token(element_bytes)
+    prefill = batch * prompt * prefill_flops_per_token(arch, prompt) / flops
+    # Step s (1 .. new-1) attends over prompt + s tokens per sequence.
+    kv_tokens = batch * sum(prompt + s for s in range(1, new))
+    return prefill + ((new - 1) * weights + kv_tokens * kv_per_token) / bandwidth
+
+
+# -- workloads -----------------------------------------------------------------------------
+
+def _random_prompts(count: int, length: int, seed: int) -> list[list[int]]:
+    generator = torch.Generator().manual_seed(seed)
+    return torch.randint(0, _PROMPT_VOCAB, (count, length), generator=generator).tolist()
+
+
+def _hf_model(shape: str, device: torch.device):
+    from transformers import AutoModelForCausalLM, LlamaConfig
+
+    with torch.device(device):
+        model = AutoModelForCausalLM.from_config(LlamaConfig(**BUILTIN_CONFIGS[shape]), dtype=torch.bfloat16)
+    return model.eval()
+
+
+def _tts_generate(engine: Engine, prompts: list[list[int]], new_tokens: int) -> dict:
+    params = SamplingParams(temperature=0.8, max_tokens=new_tokens, ignore_eos=True)
+    outputs = engine.generate(prompts, params)  # returns after the last .tolist(): synchronised
+    return {"tokens": sum(len(o.completions[0].token_ids) for o in outputs)}
+
+
+def _hf_generate(hf, prompts: list[list[int]], new_tokens: int) -> dict:
+    ids = torch.tensor(prompts, device=hf.device)  # equal lengths: no padding
+    with torch.inference_mode():
+        out = hf.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=new_tokens,
+                          min_new_tokens=new_tokens, do_sample=True, temperature=0.8, top_p=1.0, top_k=0,
+                          pad_token_id=0)
+    torch.cuda.synchronize()
+    return {"tokens": (out.shape[1] - ids.shape[1]) * ids.shape[0]}
+
+
+def _decode_engine(loaded: LoadedModel, config: GpuBenchConfig, **switches: bool) -> Engine:
+    batch = max(config.decode_batches)
+    per_seq = -(-(config.prompt_tokens + config.new_tokens) // CacheConfig.block_size)
+    engine_config = EngineConfig(
+        # Prefix caching off: repeats must not reuse the previous repeat's prompt blocks.
+        cache=CacheConfig(num_blocks=batch * per_seq + batch, enable_prefix_caching=False),
+        scheduler=SchedulerConfig(max_num_seqs=batch, max_num_batched_tokens=config.prefill_batch_tokens),
+        **switches)
+    return Engine(loaded.name, engine_config, loaded=loaded)
+
+
+def bench_decode(config: GpuBenchConfig, device: torch.device) -> dict[int, SideBySide]:
+    name = f"dummy:{config.decode_model}"
+    loaded = load_model(name, torch.bfloat16, device)
+    # Fused ops are a property of the model: the eager-ops ablation gets its own copy
+    # (dummy weights are seeded per parameter name, so the copies are identical).
+    loaded_eager = load_model(name, torch.bfloat16, device)
+    engines = {
+        "tts": _decode_engine(loaded, config),
+        "tts_no_graphs": _decode_engine(loaded, config, cuda_graphs=False),
+        "tts_eager_ops": _decode_engine(loaded_eager, config, compile=False),
+    }
+    hf = _hf_model(config.decode_model, device)
+    results = {}
+    for batch in config.decode_batches:
+        prompts = _random_prompts(batch, config.prompt_tokens, config.seed + batch)
+        variants: dict[str, Callable[[], dict]] = {
+            "hf": lambda: _hf_generate(hf, prompts, config.new_tokens)}
+        for label, engine in engines.items():
+            variants[label] = lambda engine=engine: _tts_generate(engine, prompts, config.new_tokens)
+        for fn in variants.values():  # warm-up: Triton compilation, cuBLAS heuristics
+            fn()
+        side = SideBySide(f"decode batch {batch}")
+        side.run(variants, config.repeats)
+        results[batch] = side
+    for engine in engines.values():
+        engine.shutdown()
+    del engines, loaded, loaded_eager, hf
+    torch.cuda.empty_cache()
+    return results
+
+
+def _tts_score(engine: Engine, prompts: list[list[int]], params: ScoreParams, fused: bool) -> dict:
+    # The ablation shares the model: set its ops for this run (prefill runs eagerly, no
+    # CUDA graph has baked any op in).
+    if fused:
+        from tts_runtime.models.fused_ops import FUSED_OPS
+
+        engine.model.use_ops(FUSED_OPS)
+    else:
+        engine.model.use_ops(EAGER_OPS)
+    outputs = engine.score(prompts, params)
+    return {"tokens": sum(len(o.prompt_token_ids) for o in outputs)}
+
+
+def _hf_score(hf, prompts: list[list[int]], per_forward: int, last_only: bool) -> dict:
+    with torch.inference_mode():
+        for start in range(0, len(prompts), per_forward):
+            ids = torch.tensor(prompts[start: start + per_forward], device=hf.device)
+            if last_only:
+                hf(input_ids=ids, logits_to_keep=1)
+            else:
+                hf(input_ids=ids)
+    torch.cuda.synchronize()
+    return {"tokens": sum(len(p) for p in prompts)}
+
+
+def bench_prefill(config: GpuBenchConfig, device: torch.device) -> SideBySide:
+    loaded = load_model(f"dummy:{config.prefill_model}", torch.bfloat16, device)
+    engine = Engine(loaded.name, EngineConfig(
+        cache=CacheConfig(num_blocks=2 * config.prefill_batch_tokens // CacheConfig.block_size + 64,
+                          enable_prefix_caching=False),
+        scheduler=SchedulerConfig(max_num_batched_tokens=config.prefill_batch_tokens),
+        cuda_graphs=False,  # score requests never decode
+    ), loaded=loaded)
+    hf = _hf_model(config.prefill_model, device)
+    length = config.prefill_prompt_tokens
+    prompts = _random_prompts(config.prefill_requests, length, config.seed)
+    params = ScoreParams(positions=[length - 1], candidate_token_ids=[10, 20])
+    per_forward = max(1, config.prefill_batch_tokens // length)
+    variants = {
+        "hf": lambda: _hf_score(hf, prompts, per_forward, last_only=False),
+        "hf_last_logits": lambda: _hf_score(hf, prompts, per_forward, last_only=True),
+        "tts": lambda: _tts_score(engine, prompts, params, fused=True),
+        "tts_eager_ops": lambda: _tts_score(engine, prompts, params, fused=False),
+    }
+    for fn in variants.values():
+        fn()
+    side = SideBySide("prefill")
+    side.run(variants, config.repeats)
+    engine.shutdown()
+    del engine, loaded, hf
+    torch.cuda.empty_cache()
+    return side
+
+
+# -- report --------------------------------------------------------------------------------
+
+def _rates(side: SideBySide) -> dict[str, float]:
+    return {label: side.median(label, "tokens") / side.median(label, "seconds") for label in side.runs}
+
+
+def run_gpu_bench(config: GpuBenchConfig | None = None, command: str = "tts bench gpu") -> str:
+    """Run every GPU benchmark; write docs/benchmarks/gpu.{json,md}; return the .md path."""
+    config = config or GpuBenchConfig()
+    device = require_cuda()
+    torch.cuda.reset_peak_memory_stats(device)
+    bandwidth = measure_hbm_bandwidth(device)
+    matmul = measure_bf16_matmul(device)
+    decode = bench_decode(config, device)
+    prefill = bench_prefill(config, device)
+    search = bench_search_on_gpu(config.search_limit) if config.search_limit else None
+
+    rows, summary = [], {"config": asdict(config), "hbm_bytes_per_s": bandwidth, "bf16_flops": matmul,
+                         "decode": {}, "prefill": {}}
+    decode_arch = _arch(config.decode_model)
+    for batch, side in decode.items():
+        rates = _rates(side)
+        roof = batch * config.new_tokens / decode_roofline_seconds(
+            decode_arch, batch, config.prompt_tokens, config.new_tokens, bandwidth, matmul)
+        summary["decode"][batch] = {"tokens_per_s": rates, "roofline_tokens_per_s": roof,
+                                    "vs_hf": rates["tts"] / rates["hf"],
+                                    "roofline_fraction": rates["tts"] / roof, "raw": side.runs}
+        rows.append(_row(f"decode {config.decode_model} batch {batch}, {config.prompt_tokens}+{config.new_tokens} "
+                         "tokens (output tok/s)", rates, "hf", roof, ">= 3x HF; >= 50% roofline at 256"))
+    prefill_arch = _arch(config.prefill_model)
+    rates = _rates(prefill)
+    roof = matmul / prefill_flops_per_token(prefill_arch, config.prefill_prompt_tokens)
+    summary["prefill"] = {"tokens_per_s": rates, "roofline_tokens_per_s": roof,
+                          "vs_hf": rates["tts"] / rates["hf"],
+                          "vs_hf_last_logits": rates["tts"] / rates["hf_last_logits"],
+                          "roofline_fraction": rates["tts"] / roof, "raw": prefill.runs}
+    rows.append(_row(f"prefill {config.prefill_model} score, {config.prefill_requests} x "
+                     f"{config.prefill_prompt_tokens} tokens (prompt tok/s)", rates, "hf", roof,
+                     ">= 3x HF; >= 50% roofline"))
+    rows.append(_row("  same, vs HF with logits_to_keep=1", rates, "hf_last_logits", roof, "(context)"))
+    if search is not None:
+        summary["search"] = search
+        rows.append(_search_row(search, config.search_limit))
+    memory = device_memory_info(device)
+    facts = gpu_facts(device)
+    summary["memory"] = asdict(memory)
+    summary["gpu"] = facts
+    notes = [
+        "GPU: " + ", ".join(f"{k} {v}" for k, v in facts.items()) + ".",
+        f"Medians of {config.repeats} alternating repetitions per workload (variants interleaved), one process, "
+        "bf16 weights and KV, dummy random weights of the seed shapes (models/registry.py).",
+        f"Rooflines measured in this run: HBM {bandwidth / 1e12:.2f} TB/s (2 GiB device-to-device copy, "
+        f"read + write), bf16 matmul {matmul / 1e12:.0f} TFLOP/s (8192^3).",
+        "Decode roofline: the prompts' prefill at the matmul rate plus, per decode step, all layer and "
+        "output-layer weights and every sequence's KV read once at HBM bandwidth. Prefill roofline: "
+        "2 FLOPs per layer weight per token plus causal attention products, at the matmul rate "
+        "(stricter than 2 x all parameters, which would count the embedding and output layer).",
+        "tts: CUDA graphs for decode and fused Triton RMSNorm/rotary/activation (defaults); "
+        "tts_no_graphs: EngineConfig(cuda_graphs=False); tts_eager_ops: EngineConfig(compile=False). "
+        "Prefix caching off so repeats recompute everything.",
+        "HF: transformers from_config(LlamaConfig(...)) with random weights, bf16, default attention; "
+        "decode with generate (sampling T=0.8, min_new_tokens = max_new_tokens), prefill with one "
+        f"forward per {max(1, config.prefill_batch_tokens // config.prefill_prompt_tokens)} prompts.",
+        f"Peak torch memory {memory.allocator.peak_allocated / GiB:.1f} GiB allocated, "
+        f"{memory.allocator.peak_reserved / GiB:.1f} GiB reserved.",
+    ]
+    if search is not None:
+        notes.append("Search: evals/bench_search.py with its defaults (demo models, beam search n=4, M=4, "
+                     "tts with problems in flight vs the plain HF baseline one problem at a time); its full "
+                     f"report is docs/benchmarks/gpu-search/search.md ({search['problems']} problems).")
+    title = "GPU benchmark: tts vs HF transformers and rooflines"
+    return str(write_report("gpu", title, command, summary, rows, notes))
+
+
+def bench_search_on_gpu(limit: int) -> dict:
+    """(c) through the search benchmark; returns its medians and ratios."""
+    # Imported here: the search stack (runtime, baselines, datasets) is only needed for (c).
+    from evals.bench_search import SearchBench, bench_search
+
+    bench = SearchBench(limit=limit, out_dir=BENCH_DIR / "gpu-search")
+    data = bench_search(bench, command=["tts", "bench", "search", "--limit", str(limit)]).data
+    torch.cuda.empty_cache()
+    return {"problems": data["problems"], "median": data["median"], "ratio": data.get("ratio")}
+
+
+def _search_row(search: dict, limit: int) -> dict:
+    tts = search["median"]["tts"]["problems_per_min"]
+    baseline = search["median"].get("baseline", {}).get("problems_per_min")
+    return {"workload": f"beam search n=4 M=4, demo models, {limit} MATH-500 problems (problems/min)",
+            "hf": f"{baseline:.2f}" if baseline else "-", "tts": f"{tts:.2f}",
+            "tts / hf": f"{tts / baseline:.2f}x" if baseline else "-", "roofline": "-", "% roofline": "-",
+            "gain over ablation": "-", "target": "(report)"}
+
+
+def _arch(shape: str) -> ArchConfig:
+    from tts_runtime.models.arch import arch_from_hf
+
+    return arch_from_hf(BUILTIN_CONFIGS[shape])
+
+
+def _row(workload: str, rates: dict[str, float], baseline: str, roofline: float, target: str) -> dict:
+    tts = rates["tts"]
+    ablations = ", ".join(f"{k.removeprefix('tts_')} {tts / v:.2f}x" for k, v in rates.items()
+                          if k.startswith("tts_"))
+    return {"workload": workload, "hf": f"{rates[baseline]:,.0f}", "tts": f"{tts:,.0f}",
+            "tts / hf": f"{tts / rates[baseline]:.2f}x", "roofline": f"{roofline:,.0f}",
+            "% roofline": f"{100 * tts / roofline:.0f}%", "gain over ablation": ablations or "-",
+            "target": target}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--repeats", type=int, default=GpuBenchConfig.repeats)
+    parser.add_argument("--decode-batches", type=int, nargs="+", default=list(GpuBenchConfig.decode_batches))
+    parser.add_argument("--new-tokens", type=int, default=GpuBenchConfig.new_tokens)
+    parser.add_argument("--prefill-requests", type=int, default=GpuBenchConfig.prefill_requests)
+    parser.add_argument("--search-limit", type=int, default=GpuBenchConfig.search_limit,
+                        help="MATH-500 problems for the search benchmark; 0 skips it")
+    args = parser.parse_args(argv)
+    config = GpuBenchConfig(decode_batches=tuple(args.decode_batches), new_tokens=args.new_tokens,
+                            prefill_requests=args.prefill_requests, repeats=args.repeats,
+                            search_limit=args.search_limit)
+    command = "python -m evals.bench_gpu " + " ".join(argv if argv is not None else sys.argv[1:])
+    try:
+        print(run_gpu_bench(config, command.strip()))
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

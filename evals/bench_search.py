@@ -1,0 +1,168 @@
+"""Search benchmark: beam search with tts vs the plain HF baseline, side by side.
+
+Both sides run the same search code, configuration and problems (workload (c) of
+DESIGN.md §9: beam search n=4, M=4 on the first K MATH-500 problems). tts keeps
+`problem_batch` searches in flight on the engines; the baseline solves one problem at a
+time with HF `generate` and whole-sequence PRM forwards. With several rounds the sides
+alternate (tts, baseline, tts, baseline ...) and medians are reported, since the machine
+is shared and noisy. Model loading is outside the timings. Writes `search.json` and
+`search.md` (machine, versions, command, table) to the output folder.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from evals.baselines import HFModels, run_baseline
+from evals.datasets import Problem, load_problems
+from evals.environment import machine, versions
+from evals.metrics import EngineCounters, RunCounters, accuracy, throughput
+from memory.split import MemoryConfig
+from search.config import SearchConfig
+from search.driver import run_search
+from search.score_cache import ScoreCache
+from tts_runtime.runtime import Runtime
+
+_ZERO = RunCounters(EngineCounters(), EngineCounters(), 0, 0)
+# (key in a side's measurement, label, format)
+_ROWS = (
+    ("problems_per_min", "problems/min", "{:.2f}"),
+    ("generator_tokens_per_s", "generator tokens/s", "{:.1f}"),
+    ("prm_tokens_per_s", "PRM tokens/s", "{:.1f}"),
+    ("seconds", "wall seconds", "{:.1f}"),
+    ("accuracy", "accuracy", "{:.1%}"),
+)
+
+
+@dataclass
+class SearchBench:
+    config: SearchConfig = field(default_factory=lambda: SearchConfig(method="beam", n=4, beam_width=4))
+    limit: int = 20
+    generator: str = "smollm2-135m-instruct"
+    prm: str = "gemma3-270m"
+    dataset_path: str | None = None
+    memory: MemoryConfig = field(default_factory=MemoryConfig)
+    rounds: int = 1
+    baseline: bool = True
+    out_dir: Path = Path("docs/benchmarks")
+
+
+@dataclass
+class BenchReport:
+    data: dict[str, Any]
+    markdown: str
+
+
+def _measure_tts(runtime: Runtime, problems: Sequence[Problem], config: SearchConfig) -> dict[str, Any]:
+    cache = ScoreCache()
+    before = RunCounters.read(runtime, cache)
+    start = time.perf_counter()
+    results = run_search(runtime, problems, config, cache=cache)
+    seconds = time.perf_counter() - start
+    work = RunCounters.read(runtime, cache) - before
+    return {**throughput(results, seconds, work), "accuracy": accuracy(results)["accuracy"]}
+
+
+def _measure_baseline(models: HFModels, problems: Sequence[Problem], config: SearchConfig) -> dict[str, Any]:
+    start = time.perf_counter()
+    results = run_baseline(models, problems, config)
+    seconds = time.perf_counter() - start
+    measured = throughput(results, seconds, _ZERO)
+    for only_tts in ("prefix_hit_rate", "score_cache", "engine"):
+        measured.pop(only_tts)
+    return {**measured, "accuracy": accuracy(results)["accuracy"]}
+
+
+def _median(rounds: list[dict[str, Any]], key: str) -> float:
+    return statistics.median(measurement[key] for measurement in rounds)
+
+
+def bench_search(bench: SearchBench, *, command: Sequence[str],
+                 log: Callable[[str], None] = print) -> BenchReport:
+    config = SearchConfig(**{**bench.config.to_dict(), "method": "beam"})
+    problems = load_problems("math500", dataset_path=bench.dataset_path, limit=bench.limit)
+    log(f"loading models for {len(problems)} problems ...")
+    runtime = Runtime(bench.generator, bench.prm, memory=bench.memory)
+    models = HFModels.load(bench.generator, bench.prm) if bench.baseline else None
+    sides: dict[str, list[dict[str, Any]]] = {"tts": [], "baseline": []}
+    try:
+        for round_index in range(bench.rounds):
+            log(f"round {round_index + 1}/{bench.rounds}: tts (problem batch {config.problem_batch})")
+            sides["tts"].append(_measure_tts(runtime, problems, config))
+            if models is not None:
+                log(f"round {round_index + 1}/{bench.rounds}: plain HF baseline")
+                sides["baseline"].append(_measure_baseline(models, problems, config))
+    finally:
+        runtime.shutdown()
+    data = {
+        "benchmark": "search", "problems": len(problems), "rounds": bench.rounds,
+        "config": config.to_dict(), "models": {"generator": bench.generator, "prm": bench.prm},
+        "memory_plan": runtime.plan.to_dict(),
+        "machine": machine(runtime.generator.device), "versions": versions(), "command": list(command),
+        "median": {side: {key: _median(measurements, key) for key, _, _ in _ROWS}
+                   for side, measurements in sides.items() if measurements},
+        "rounds_data": sides,
+    }
+    if sides["baseline"]:
+        data["ratio"] = {key: _ratio(data["median"]["tts"][key], data["median"]["baseline"][key])
+                         for key in ("problems_per_min", "generator_tokens_per_s", "prm_tokens_per_s")}
+    report = BenchReport(data, _markdown(data))
+    bench.out_dir.mkdir(parents=True, exist_ok=True)
+    (bench.out_dir / "search.json").write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
+    (bench.out_dir / "search.md").write_text(report.markdown, encoding="utf-8")
+    return report
+
+
+def _ratio(a: float, b: float) -> float | None:
+    return a / b if b else None
+
+
+def _markdown(data: dict[str, Any]) -> str:
+    config, median = data["config"], data["median"]
+    has_baseline = "baseline" in median
+    lines = [
+        "# Search benchmark: tts vs plain HF beam search",
+        "",
+        f"Beam search n={config['n']}, M={config['beam_width']}, {config['num_iterations']} iterations, "
+        f"{config['max_step_tokens']} tokens per step, T={config['temperature']}, on the first "
+        f"{data['problems']} MATH-500 problems; generator `{data['models']['generator']}`, PRM "
+        f"`{data['models']['prm']}`. tts keeps {config['problem_batch']} searches in flight; the baseline "
+        f"runs one problem at a time (HF `generate`, whole-sequence PRM forwards). Medians over "
+        f"{data['rounds']} round(s), sides alternating.",
+        "",
+        "| metric | tts | baseline | tts / baseline |" if has_baseline else "| metric | tts |",
+        "|---|---:|---:|---:|" if has_baseline else "|---|---:|",
+    ]
+    for key, label, fmt in _ROWS:
+        row = f"| {label} | {fmt.format(median['tts'][key])} |"
+        if has_baseline:
+            ratio = data.get("ratio", {}).get(key)
+            row += f" {fmt.format(median['baseline'][key])} | {f'{ratio:.2f}x' if ratio else ''} |"
+        lines.append(row)
+    tts_rounds = data["rounds_data"]["tts"]
+    hits = tts_rounds[-1]["prefix_hit_rate"]
+    cache = tts_rounds[-1]["score_cache"]
+    lines += [
+        "",
+        f"tts prefix-cache hit rate (share of prompt tokens served from cache): generator "
+        f"{hits['generator']:.1%}, PRM {hits['prm']:.1%}; score-cache hit rate {cache['hit_rate']:.1%} "
+        f"({cache['hits']} hits, {cache['misses']} misses). Last round.",
+        "",
+        f"Machine: {data['machine']['cpu']} ({data['machine']['cpu_count']} CPUs, "
+        f"{data['machine']['torch_threads']} torch threads), device `{data['machine']['device']}`. "
+        f"Versions: " + ", ".join(f"{k} {v}" for k, v in data["versions"].items()) + ".",
+        "",
+        "Re-run with:",
+        "",
+        "```",
+        " ".join(data["command"]),
+        "```",
+        "",
+    ]
+    return "\n".join(lines)

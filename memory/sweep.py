@@ -1,0 +1,402 @@
+"""`tts sweep-memory`: one search workload at many memory settings, side by side.
+
+Settings are every static split of `--splits` plus `auto` and `elastic` (`--policies`).
+Each setting builds a fresh Runtime over the same loaded models and memory profiles and
+runs the same search on the same problems (seeded, so the searches match). With
+`--repeats R` the settings run round-robin R times (A, B, C, A, B, C, ...) and every
+number is the median over the repeats: the machines are shared and noisy.
+
+Writes to the sweep folder:
+
+* `sweep.csv` and `sweep.json`: one row per setting with the columns in SWEEP_COLUMNS;
+  the JSON also holds the command, machine, search and memory configuration, both
+  memory profiles, the best setting and the auto/elastic ratios, and each setting's
+  memory metrics (block timelines, elastic chunk moves);
+* `throughput_vs_split.png` (auto and elastic marked), `blocks_over_steps.png` (lowest,
+  best and highest static split), `hit_rate_vs_split.png`, `thrash_vs_split.png`;
+* with `--markdown PATH`: a benchmark report (table, plots, machine, versions, command,
+  comparison with the thesis) at PATH, its plots beside it.
+
+This is a driver (like the CLI): it imports the search and evals layers.
+"""
+
+from __future__ import annotations
+
+import csv
+import gc
+import json
+import shlex
+import shutil
+import statistics
+import sys
+import time
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Annotated, Optional
+
+import torch
+import typer
+
+from evals.bench import SideBySide, machine_info
+from evals.datasets import Problem, load_problems
+from memory.plots import plot_sweep
+from memory.profile import MemoryProfile, format_bytes
+from memory.split import POLICIES, MemoryConfig, Workload, parse_size
+from search.config import SearchConfig
+from search.driver import run_search
+from search.prm import default_format_for, make_prm_format
+from search.prompts import PromptBuilder
+from tts_runtime.config import ConfigError, EngineConfig, SchedulerConfig, resolve_device, resolve_dtype
+from tts_runtime.models.loader import LoadedModel, load_model
+from tts_runtime.runtime import Runtime, profile_models
+
+SWEEP_COLUMNS = (
+    "setting",  # "static 0.30", "auto", "elastic"
+    "policy",
+    "prm_fraction",  # static: as set; auto: as chosen; elastic: PRM share of the pool, averaged over steps
+    "problems",
+    "seconds",
+    "problems_per_s",
+    "accuracy",
+    "generator_tokens_per_s",  # generated tokens / s
+    "prm_tokens_per_s",  # scored prompt tokens / s (cached or computed)
+    "generator_blocks",  # KV blocks owned, averaged over steps
+    "prm_blocks",
+    "generator_hit_rate",  # prefix-cache block hits / lookups
+    "prm_hit_rate",
+    "generator_thrash",  # misses on blocks computed before and evicted since
+    "prm_thrash",
+    "generator_preemptions",
+    "prm_preemptions",
+    "preemptions",
+    "peak_memory_bytes",  # GPU: torch peak allocated; CPU: process peak RSS (VmHWM)
+    "chunks_moved",  # elastic: KV chunks moved between the models
+)
+THESIS_BEST_SPLIT = 0.3
+
+
+@dataclass(frozen=True)
+class SweepSetting:
+    policy: str
+    prm_fraction: float | None = None  # static only
+
+    @property
+    def label(self) -> str:
+        return f"static {self.prm_fraction:.2f}" if self.policy == "static" else self.policy
+
+
+def parse_splits(text: str) -> list[float]:
+    """'0.1:0.9:0.1' (start:stop:step, stop included) or '0.2,0.5'."""
+    try:
+        if ":" in text:
+            start, stop, step = (float(x) for x in text.split(":"))
+            if step <= 0:
+                raise ValueError
+            count = int(round((stop - start) / step)) + 1
+            splits = [round(start + i * step, 6) for i in range(count)]
+        else:
+            splits = [float(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise ConfigError(f"cannot read splits '{text}'; write start:stop:step (0.1:0.9:0.1) or a list (0.2,0.5)")
+    bad = [s for s in splits if not 0 < s < 1]
+    if not splits or bad:
+        raise ConfigError(f"memory split must be in (0, 1), got {bad or text}")
+    return splits
+
+
+def settings_for(splits: list[float], policies: list[str]) -> list[SweepSetting]:
+    unknown = [p for p in policies if p not in POLICIES]
+    if unknown or not policies:
+        raise ConfigError(f"unknown memory policy '{','.join(unknown)}'; choose one of {', '.join(POLICIES)}")
+    settings = []
+    for policy in policies:
+        settings += [SweepSetting("static", s) for s in splits] if policy == "static" else [SweepSetting(policy)]
+    return settings
+
+
+def search_workload(config: SearchConfig, problems: list[Problem], generator: LoadedModel,
+                    prm: LoadedModel) -> Workload:
+    """The expected KV demand of a beam search, for the auto and elastic policies: real
+    prompt lengths from both models' prompt formats; every in-flight problem's beams
+    halfway through the iterations with half-length steps (only the ratio of the two
+    models' demands decides the split)."""
+    questions = [p.question for p in problems] or ["?"]
+    builder = PromptBuilder(generator.tokenizer)
+    prm_format = make_prm_format(config.prm_format or default_format_for(prm.name), prm.tokenizer)
+    gen_prompt = statistics.fmean(len(builder.prompt_token_ids(q)) for q in questions)
+    prm_prompt = statistics.fmean(len(prm_format.build(q, ["."]).token_ids) for q in questions)
+    in_flight = min(config.problem_batch, max(len(problems), 1))
+    return Workload.beam_search(config.n, in_flight, gen_prompt, prm_prompt,
+                                steps=config.num_iterations / 2, step_tokens=config.max_step_tokens / 2)
+
+
+@dataclass
+class SweepModels:
+    """What every setting shares: the loaded models and their profiles."""
+
+    generator: LoadedModel
+    prm: LoadedModel
+    profiles: tuple[MemoryProfile, MemoryProfile]
+
+
+class _PeakMemory:
+    """Peak memory between reset() and read(): the torch allocator's on GPU, the process's
+    resident set (Linux VmHWM, reset through /proc/self/clear_refs) on CPU."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+
+    def reset(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(self.device)
+        else:
+            Path("/proc/self/clear_refs").write_text("5")
+
+    def read(self) -> int:
+        if self.device.type == "cuda":
+            return torch.cuda.max_memory_allocated(self.device)
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+        raise RuntimeError("no VmHWM in /proc/self/status")
+
+
+def run_setting(setting: SweepSetting, models: SweepModels, problems: list[Problem], search: SearchConfig,
+                memory: MemoryConfig, engine_config: EngineConfig, workload: Workload) -> tuple[dict, dict]:
+    """One search at one memory setting: (sweep row, the runtime's memory metrics)."""
+    config = replace(memory, policy=setting.policy, prm_fraction=setting.prm_fraction or memory.prm_fraction)
+    peak = _PeakMemory(resolve_device(engine_config.device))
+    peak.reset()
+    runtime = Runtime(models.generator, models.prm, config, engine_config, workload=workload,
+                      profiles=models.profiles)
+    start = time.perf_counter()
+    results = run_search(runtime, problems, search)
+    seconds = time.perf_counter() - start
+    metrics = runtime.memory_metrics()
+    row = {
+        "setting": setting.label, "policy": setting.policy, "prm_fraction": _prm_share(runtime),
+        "problems": len(results), "seconds": seconds, "problems_per_s": len(results) / seconds,
+        "accuracy": statistics.fmean(r.correct for r in results) if results else 0.0,
+        "generator_tokens_per_s": runtime.generator.stats.generated_tokens / seconds,
+        "prm_tokens_per_s": runtime.prm.stats.prompt_tokens / seconds,
+    }
+    for name in ("generator", "prm"):
+        row[f"{name}_blocks"] = metrics[name]["blocks"]["mean"]
+        row[f"{name}_hit_rate"] = metrics[name]["hit_rate"]
+        row[f"{name}_thrash"] = metrics[name]["thrash_events"]
+        row[f"{name}_preemptions"] = metrics[name]["preemptions"]
+    row["preemptions"] = row["generator_preemptions"] + row["prm_preemptions"]
+    row["peak_memory_bytes"] = peak.read()
+    row["chunks_moved"] = metrics["elastic"]["chunks_moved"] if metrics["elastic"] else 0
+    runtime.shutdown()
+    return row, metrics
+
+
+def _prm_share(runtime: Runtime) -> float:
+    """The PRM's fraction of the KV budget: as planned, or (elastic) its share of the
+    pool's chunks averaged over the run's steps."""
+    if runtime.pool is None:
+        return runtime.plan.prm_fraction
+    timeline = runtime.trackers["prm"].timeline
+    per_chunk = runtime.plan.chunks.members["prm"].blocks_per_chunk
+    owned = [u + c + f for u, c, f in zip(timeline.in_use, timeline.cached, timeline.free)]
+    if not owned:
+        return runtime.plan.prm_fraction
+    return statistics.fmean(owned) / per_chunk / runtime.plan.chunks.num_chunks
+
+
+@dataclass
+class SweepResult:
+    rows: list[dict]
+    metrics: dict[str, dict]  # per setting label: the first repeat's memory metrics
+    summary: dict
+
+    def timelines(self) -> dict[str, dict]:
+        return {label: {m: metrics[m]["timeline"] for m in ("generator", "prm")}
+                for label, metrics in self.metrics.items()}
+
+
+def run_sweep(settings: list[SweepSetting], models: SweepModels, problems: list[Problem], search: SearchConfig,
+              memory: MemoryConfig, engine_config: EngineConfig, workload: Workload, repeats: int = 1,
+              echo=typer.echo) -> SweepResult:
+    metrics: dict[str, dict] = {}
+
+    def variant(setting: SweepSetting):
+        def run() -> dict:
+            row, setting_metrics = run_setting(setting, models, problems, search, memory, engine_config, workload)
+            gc.collect()  # the finished runtime's KV pool goes before the next one is built
+            metrics.setdefault(setting.label, setting_metrics)
+            echo(f"  {setting.label:<12} {row['problems_per_s']:.4f} problems/s  "
+                 f"thrash {row['generator_thrash']}/{row['prm_thrash']}  preemptions {row['preemptions']}")
+            return row
+        return run
+
+    side = SideBySide("memory sweep")
+    side.run({s.label: variant(s) for s in settings}, repeats)
+    rows = [_median_row(side.runs[s.label]) for s in settings]
+    return SweepResult(rows, metrics, _summary(rows))
+
+
+def _median_row(runs: list[dict]) -> dict:
+    first = runs[0]
+    return {k: statistics.median(r[k] for r in runs) if isinstance(first[k], (int, float)) else first[k]
+            for k in SWEEP_COLUMNS}
+
+
+def _summary(rows: list[dict]) -> dict:
+    best = max(rows, key=lambda r: r["problems_per_s"])
+    static = [r for r in rows if r["policy"] == "static"]
+    summary = {"best": best["setting"], "best_problems_per_s": best["problems_per_s"]}
+    if static:
+        best_static = max(static, key=lambda r: r["problems_per_s"])
+        summary["best_static"] = best_static["setting"]
+        summary["best_static_split"] = best_static["prm_fraction"]
+        for row in rows:
+            if row["policy"] != "static":
+                summary[f"{row['policy']}_vs_best_static"] = row["problems_per_s"] / best_static["problems_per_s"]
+    return summary
+
+
+def timeline_labels(rows: list[dict]) -> list[str]:
+    """Lowest, best and highest static split (each once), or every setting without static ones."""
+    static = sorted((r for r in rows if r["policy"] == "static"), key=lambda r: r["prm_fraction"])
+    if not static:
+        return [r["setting"] for r in rows]
+    best = max(static, key=lambda r: r["problems_per_s"])
+    return list(dict.fromkeys(r["setting"] for r in (static[0], best, static[-1])))
+
+
+def write_outputs(result: SweepResult, out_dir: Path, header: dict) -> list[Path]:
+    """sweep.csv, sweep.json and the plots; returns the plot paths."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    with (out_dir / "sweep.csv").open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=SWEEP_COLUMNS)
+        writer.writeheader()
+        writer.writerows(result.rows)
+    payload = {**header, "columns": list(SWEEP_COLUMNS), "rows": result.rows, "summary": result.summary,
+               "settings": result.metrics}
+    (out_dir / "sweep.json").write_text(json.dumps(payload, indent=2))
+    return plot_sweep(result.rows, result.timelines(), timeline_labels(result.rows), out_dir)
+
+
+def format_table(rows: list[dict]) -> str:
+    columns = [("setting", "setting", "{}"), ("PRM F", "prm_fraction", "{:.2f}"),
+               ("problems/s", "problems_per_s", "{:.4f}"), ("gen tok/s", "generator_tokens_per_s", "{:.1f}"),
+               ("PRM tok/s", "prm_tokens_per_s", "{:.1f}"), ("gen blocks", "generator_blocks", "{:.0f}"),
+               ("PRM blocks", "prm_blocks", "{:.0f}"), ("gen hit", "generator_hit_rate", "{:.3f}"),
+               ("PRM hit", "prm_hit_rate", "{:.3f}"), ("gen thrash", "generator_thrash", "{:.0f}"),
+               ("PRM thrash", "prm_thrash", "{:.0f}"), ("preempt", "preemptions", "{:.0f}"),
+               ("peak mem", "peak_memory_bytes", None), ("moved", "chunks_moved", "{:.0f}")]
+    cells = [[title for title, _, _ in columns]]
+    for row in rows:
+        cells.append([format_bytes(int(row[key])) if fmt is None else fmt.format(row[key]) for _, key, fmt in columns])
+    widths = [max(len(c[i]) for c in cells) for i in range(len(columns))]
+    return "\n".join("  ".join(c.rjust(w) for c, w in zip(line, widths)) for line in cells)
+
+
+def write_markdown(result: SweepResult, header: dict, plots: list[Path], path: Path) -> Path:
+    """The benchmark report: table, plots (copied beside the report), machine, command, thesis."""
+    plot_dir = path.parent / path.stem
+    plot_dir.mkdir(parents=True, exist_ok=True)
+    copied = [Path(shutil.copy(p, plot_dir / p.name)) for p in plots]
+    summary, rows = result.summary, result.rows
+    lines = [
+        "# Memory split sweep: static, auto and elastic", "",
+        f"Command: `{header['command']}`", "",
+        "Machine: " + ", ".join(f"{k} {v}" for k, v in header["machine"].items() if v is not None), "",
+        f"Models: generator `{header['generator']}`, PRM `{header['prm']}`; device memory "
+        f"{format_bytes(header['memory']['budget_bytes'])} x utilisation {header['memory']['utilization']}, "
+        f"KV budget {format_bytes(header['memory']['kv_bytes'])}; {header['problems']} problems; "
+        f"search {header['search']['method']} n={header['search']['n']} M={header['search']['beam_width']} "
+        f"iterations={header['search']['num_iterations']} step tokens={header['search']['max_step_tokens']}, "
+        f"problem batch {header['search']['problem_batch']}; {header['repeats']} repeat(s), medians.", "",
+        "```", format_table(rows), "```", "",
+        f"Best setting: **{summary['best']}** ({summary['best_problems_per_s']:.4f} problems/s).",
+    ]
+    if "best_static" in summary:
+        lines.append(f"Best static split: **{summary['best_static_split']:.2f}** (thesis: {THESIS_BEST_SPLIT}).")
+        for policy, target in (("elastic", 0.95), ("auto", 0.90)):
+            key = f"{policy}_vs_best_static"
+            if key in summary:
+                verdict = "meets" if summary[key] >= target else "misses"
+                lines.append(f"{policy}: {summary[key]:.3f} x the best static split's problems/s "
+                             f"({verdict} the target of >= {target:.2f}).")
+    lookups = sum(m[name]["lookups"] for m in result.metrics.values() for name in ("generator", "prm"))
+    thrash = sum(m[name]["thrash_events"] for m in result.metrics.values() for name in ("generator", "prm"))
+    lines += [f"Thrash: {thrash} events in {lookups} prefix-block lookups over all settings "
+              f"({thrash / lookups if lookups else 0:.2%}); the thesis calls thrash \"extremely rare\".", ""]
+    lines += [f"![{p.stem}]({plot_dir.name}/{p.name})" for p in copied]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def _command_line() -> str:
+    argv = sys.argv
+    return shlex.join(["tts", *argv[1:]] if Path(argv[0]).name == "tts" else argv)
+
+
+def sweep_memory(
+    splits: Annotated[str, typer.Option(help="static PRM fractions: start:stop:step or a comma list")] = "0.1:0.9:0.1",
+    policies: Annotated[str, typer.Option(help="comma list of static, auto, elastic")] = "static,auto,elastic",
+    dataset: Annotated[str, typer.Option(help="math500 or a JSONL file")] = "math500",
+    dataset_path: Annotated[Optional[str], typer.Option(help="local copy of the dataset")] = None,
+    limit: Annotated[int, typer.Option(help="first K problems")] = 4,
+    generator: Annotated[str, typer.Option(help="generator model")] = "smollm2-135m-instruct",
+    prm: Annotated[str, typer.Option(help="PRM model")] = "gemma3-270m",
+    dtype: Annotated[str, typer.Option(help="auto, float32, bfloat16, float16")] = "auto",
+    device: Annotated[str, typer.Option(help="auto, cpu, cuda, cuda:N")] = "auto",
+    device_memory: Annotated[Optional[str], typer.Option(help="memory budget, e.g. 6GiB (CPU: required to be tight)")] = None,
+    utilization: Annotated[float, typer.Option(help="fraction of the budget the runtime may use")] = 0.9,
+    method: Annotated[str, typer.Option(help="search method: beam, bon, dvts")] = "beam",
+    n: Annotated[int, typer.Option(help="beams / samples")] = 4,
+    beam_width: Annotated[int, typer.Option(help="beam width M")] = 4,
+    num_iterations: Annotated[int, typer.Option(help="search iterations")] = 40,
+    max_step_tokens: Annotated[int, typer.Option(help="tokens per step")] = 256,
+    temperature: Annotated[float, typer.Option(help="sampling temperature")] = 0.8,
+    problem_batch: Annotated[int, typer.Option(help="searches in flight at once")] = 1,
+    prm_format: Annotated[Optional[str], typer.Option(help="PRM input format (default: the PRM's own)")] = None,
+    seed: Annotated[int, typer.Option(help="search seed")] = 42,
+    max_num_batched_tokens: Annotated[int, typer.Option(help="engine token budget per step")] = 2048,
+    repeats: Annotated[int, typer.Option(help="round-robin repeats; numbers are medians")] = 1,
+    out: Annotated[Optional[Path], typer.Option(help="sweep folder (default runs/sweep-<time>)")] = None,
+    markdown: Annotated[Optional[Path], typer.Option(help="also write a benchmark report here")] = None,
+) -> None:
+    """Run one search workload at many memory splits and policies; write sweep.csv/json and plots."""
+    settings = settings_for(parse_splits(splits), [p.strip() for p in policies.split(",") if p.strip()])
+    search = SearchConfig(method=method, n=n, beam_width=beam_width, num_iterations=num_iterations,
+                          max_step_tokens=max_step_tokens, temperature=temperature, problem_batch=problem_batch,
+                          prm_format=prm_format, seed=seed)
+    memory = MemoryConfig(device_memory=parse_size(device_memory) if device_memory else None,
+                          utilization=utilization)
+    engine_config = EngineConfig(device=device, scheduler=SchedulerConfig(max_num_batched_tokens=max_num_batched_tokens))
+    if repeats < 1:
+        raise ConfigError(f"repeats must be >= 1, got {repeats}")
+    problems = load_problems(dataset, dataset_path=dataset_path, limit=limit)
+    dev = resolve_device(device)
+    typer.echo(f"loading {generator} and {prm} ...")
+    gen_loaded = load_model(generator, resolve_dtype(dtype, dev), dev)
+    prm_loaded = load_model(prm, resolve_dtype(dtype, dev), dev)
+    typer.echo("profiling memory (cached after the first time) ...")
+    models = SweepModels(gen_loaded, prm_loaded, profile_models(gen_loaded, prm_loaded, engine_config))
+    workload = search_workload(search, problems, gen_loaded, prm_loaded)
+    typer.echo(f"{len(settings)} settings x {repeats} repeat(s) on {len(problems)} problems")
+    result = run_sweep(settings, models, problems, search, memory, engine_config, workload, repeats)
+    first = next(iter(result.metrics.values()))["plan"]
+    header = {
+        "command": _command_line(),
+        "machine": machine_info(), "generator": generator, "prm": prm, "dataset": dataset,
+        "problems": len(problems), "repeats": repeats, "search": search.to_dict(),
+        "memory": {"budget_bytes": first["budget_bytes"], "utilization": first["utilization"],
+                   "kv_bytes": first["kv_bytes"]},
+        "profiles": [p.to_dict() for p in models.profiles],
+        "workload": asdict(workload),
+    }
+    out_dir = out or Path("runs") / time.strftime("sweep-%Y%m%d-%H%M%S")
+    plots = write_outputs(result, out_dir, header)
+    typer.echo(format_table(result.rows))
+    summary = result.summary
+    ratios = "; ".join(f"{k.split('_')[0]} {v:.3f}x best static" for k, v in summary.items() if k.endswith("_vs_best_static"))
+    typer.echo(f"best: {summary['best']} ({summary['best_problems_per_s']:.4f} problems/s)" + (f"; {ratios}" if ratios else ""))
+    if markdown is not None:
+        typer.echo(f"report: {write_markdown(result, header, plots, markdown)}")
+    typer.echo(f"wrote {out_dir / 'sweep.csv'}, {out_dir / 'sweep.json'} and {len(plots)} plots")

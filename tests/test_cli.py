@@ -1,0 +1,176 @@
+"""The `tts` command line: one-line errors, run folders, resume after a kill, end to end.
+
+The end-to-end and resume tests run the CLI as a real subprocess on real MATH-500
+problems with tiny search settings; the error tests run in-process (they fail before any
+model is loaded)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from evals.report import RESULTS_FILE, RunFolder
+from search.results import BeamResult, ProblemResult
+from tts_runtime.cli import app
+from tts_runtime.config import ConfigError
+
+TINY = ["--n", "4", "--beam-width", "2", "--num-iterations", "2", "--max-step-tokens", "32"]
+
+
+def _invoke(args: list[str], **env: str | None):
+    return CliRunner().invoke(app, args, env=env)
+
+
+def _one_line_error(result, fragment: str) -> None:
+    lines = result.output.strip().splitlines()
+    assert result.exit_code == 2, result.output
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.output
+    assert fragment in lines[0]
+    assert "Traceback" not in result.output
+
+
+# -- one-line errors -----------------------------------------------------------------
+
+@pytest.mark.parametrize("args, fragment", [
+    (["beam", "--dataset", "gsm9k"], "unknown dataset 'gsm9k'"),
+    (["beam", "--prm-format", "shepherd"], "unknown PRM format 'shepherd'"),
+    (["beam", "--n", "6", "--beam-width", "4"], "n (6) must be a multiple of the beam width (4)"),
+    (["dvts", "--n", "0"], "n must be >= 1"),
+    (["beam", "--problem-batch", "0"], "problem batch must be >= 1"),
+    (["beam", "--aggregation", "median"], "unknown score aggregation 'median'"),
+    (["beam", "--limit", "1", "--generator", "llama-9000"], "unknown model 'llama-9000'"),
+    (["bon", "--limit", "1", "--prm", "/no/such/prm"], "unknown model '/no/such/prm'"),
+    (["beam", "--levels", "one"], "--levels takes a comma-separated list"),
+    (["beam", "--device-memory", "lots"], "cannot read memory size 'lots'"),
+    (["beam", "--limit", "1", "--resume"], "--resume needs --out"),
+])
+def test_bad_input_is_one_line(args, fragment, math500_path):
+    _one_line_error(_invoke(args, TTS_DATA_DIR=str(math500_path.parents[1])), fragment)
+
+
+def test_missing_math500_says_how_to_point_at_a_copy(tmp_path):
+    result = _invoke(["beam"], TTS_DATA_DIR=str(tmp_path), HF_HUB_OFFLINE="1")
+    _one_line_error(result, "MATH-500 not found")
+    assert "TTS_DATA_DIR" in result.output and "--dataset-path" in result.output
+
+
+def test_unwritable_output_folder(tmp_path, math500_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    result = _invoke(["beam", "--limit", "1", "--out", str(blocker / "run")],
+                     TTS_DATA_DIR=str(math500_path.parents[1]))
+    _one_line_error(result, "cannot write to output folder")
+
+
+def test_models_list_shows_every_alias():
+    result = _invoke(["models", "list"])
+    assert result.exit_code == 0, result.output
+    for name in ("smollm2-135m-instruct", "gemma3-270m", "dummy:llama-3.2-1b", "dummy:llama-3.1-8b"):
+        assert name in result.output
+    assert "gemma3" in result.output and "1.24B" in result.output
+
+
+# -- run folder ------------------------------------------------------------------------
+
+def _result(problem_id: str) -> ProblemResult:
+    beam = BeamResult(["x = 1\n\n", "$\\boxed{1}$"], [0.5, 0.9], 0.9, "1", "eos", 12)
+    return ProblemResult(problem_id, 1, "Algebra", "1", "1", True, 0.9, "1", True, "1", True, [beam])
+
+
+def test_run_folder_round_trips_results_and_cuts_a_torn_line(tmp_path):
+    folder = RunFolder.open(tmp_path / "run", resume=False)
+    folder.write_config({"method": "beam", "search": {"n": 4}})
+    folder.append(_result("a"))
+    folder.append(_result("b"))
+    folder.close()
+    with (tmp_path / "run" / RESULTS_FILE).open("a") as handle:
+        handle.write('{"id": "c", "lev')  # killed mid-write
+    resumed = RunFolder.open(tmp_path / "run", resume=True)
+    assert resumed.finished_results() == [_result("a"), _result("b")]
+    assert (tmp_path / "run" / RESULTS_FILE).read_text().endswith("}\n")
+
+
+def test_run_folder_refuses_to_mix_runs(tmp_path):
+    folder = RunFolder.open(tmp_path / "run", resume=False)
+    folder.write_config({"method": "beam", "search": {"n": 4}})
+    folder.append(_result("a"))
+    folder.close()
+    with pytest.raises(ConfigError, match="already holds a run"):
+        RunFolder.open(tmp_path / "run", resume=False)
+    with pytest.raises(ConfigError, match="its search differ"):
+        RunFolder.open(tmp_path / "run", resume=True).write_config({"method": "beam", "search": {"n": 8}})
+
+
+# -- real runs ---------------------------------------------------------------------------
+
+def _tts(math500_path: Path, *args: str) -> list[str]:
+    return [sys.executable, "-m", "tts_runtime.cli", "beam", "--dataset-path", str(math500_path),
+            "--device-memory", "3GiB", *TINY, *args]
+
+
+def _lines(folder: Path) -> list[dict]:
+    path = folder / RESULTS_FILE
+    if not path.exists():
+        return []
+    text = path.read_text()
+    return [json.loads(line) for line in text.splitlines() if line.strip()] if text.endswith("\n") else []
+
+
+@pytest.mark.slow
+def test_cli_end_to_end_on_three_problems(tmp_path, math500_path):
+    out = tmp_path / "run"
+    done = subprocess.run(_tts(math500_path, "--limit", "3", "--problem-batch", "3", "--out", str(out)),
+                          capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    config = json.loads((out / "config.json").read_text())
+    assert config["models"] == {"generator": "smollm2-135m-instruct", "prm": "gemma3-270m", "prm_format": "judge",
+                                "dtypes": {"generator": "torch.float32", "prm": "torch.float32"}}
+    assert config["search"]["n"] == 4 and config["search"]["beam_width"] == 2
+    assert set(config["versions"]) == {"python", "torch", "transformers", "tts"}
+    assert config["machine"]["device"] == "cpu" and config["seeds"]["search"] == 42
+    rows = _lines(out)
+    assert [row["id"] for row in rows] and len(rows) == 3
+    for row in rows:
+        for key in ("id", "level", "prediction", "correct", "score", "beams", "generated_tokens", "prm_tokens",
+                    "seconds"):
+            assert key in row
+        assert row["beams"] and all(len(b["step_scores"]) == len(b["steps"]) for b in row["beams"])
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["problems"] == 3
+    assert sum(level["problems"] for level in metrics["per_level"].values()) == 3
+    speed = metrics["throughput"]
+    assert speed["problems_per_s"] > 0 and speed["generator_tokens_per_s"] > 0 and speed["prm_tokens_per_s"] > 0
+    assert 0 < speed["prefix_hit_rate"]["generator"] < 1 and 0 < speed["score_cache"]["hit_rate"] < 1
+    assert metrics["memory"]["plan"]["budget_bytes"] == 3 << 30
+    assert "accuracy (best beam)" in done.stdout and "score-cache hit rate" in done.stdout
+
+
+@pytest.mark.slow
+def test_resume_after_the_run_is_killed(tmp_path, math500_path):
+    out = tmp_path / "run"
+    command = _tts(math500_path, "--limit", "2", "--problem-batch", "1", "--out", str(out))
+    first = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 600
+    while not _lines(out) and first.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.2)
+    os.kill(first.pid, signal.SIGKILL)
+    first.wait()
+    landed = _lines(out)
+    assert len(landed) == 1, "the run is killed after its first problem and before its second"
+    finished_before = (out / RESULTS_FILE).read_text()
+
+    again = subprocess.run(command + ["--resume"], capture_output=True, text=True, timeout=900)
+    assert again.returncode == 0, again.stderr[-3000:]
+    rows = _lines(out)
+    assert len(rows) == 2 and len({row["id"] for row in rows}) == 2
+    assert (out / RESULTS_FILE).read_text().startswith(finished_before)
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["problems"] == 2 and metrics["throughput"]["problems"] == 1

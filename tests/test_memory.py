@@ -1,0 +1,216 @@
+"""Memory profiles, split policies, the elastic KV pool and clear errors on bad input."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+
+import pytest
+import torch
+
+from memory.pool import ChunkLayout, ElasticKVPool, MemberLayout
+from memory.profile import MemoryProfile, weight_bytes
+from memory.split import MemoryConfig, Workload, parse_size, plan_memory
+from memory.sweep import parse_splits, settings_for
+from tts_runtime import ConfigError, EngineConfig, SamplingParams, SchedulerConfig, ScoreParams
+from tts_runtime.engine.block_manager import ROOT_HASH, BlockManager
+from tts_runtime.runtime import Runtime, profile_models, profile_one
+
+CONFIG = EngineConfig(scheduler=SchedulerConfig(max_num_batched_tokens=128))
+GiB = 1 << 30
+
+
+@pytest.fixture(scope="module")
+def profiles(generator_model, prm_model):
+    return profile_models(generator_model, prm_model, CONFIG)
+
+
+def _fake_profile(name: str, kv_per_token: int, weights: int = 100 << 20, activations: int = 10 << 20) -> MemoryProfile:
+    return MemoryProfile(name, weights, activations, 0, kv_per_token, 8, 16, 128, "test")
+
+
+# -- profiles and static splits ------------------------------------------------------
+def test_profile_measures_a_real_forward_and_adds_up(generator_model, prm_model, profiles):
+    measured = profile_one(generator_model, "generate", CONFIG, cache=None)
+    assert measured.weights_bytes == weight_bytes(generator_model.model) > 100 << 20
+    # At least the full-vocabulary logits of the sampled rows (128 rows x 49152 x fp32).
+    assert measured.activation_bytes >= 128 * generator_model.arch.vocab_size * 4
+    assert measured.profiled_tokens == 128 and measured.non_torch_bytes == 0
+    arch = generator_model.arch
+    assert measured.kv_bytes_per_token_per_layer == 2 * arch.num_kv_heads * arch.head_dim * 4
+    assert measured.block_bytes == 16 * measured.kv_bytes_per_token_per_layer * arch.num_layers
+    gen, prm = profiles
+    budget = 3 * GiB
+    for fraction in (0.1, 0.3, 0.55, 0.9):
+        plan = plan_memory(MemoryConfig(device_memory=budget, prm_fraction=fraction), gen, prm)
+        fixed = gen.weights_bytes + prm.weights_bytes + gen.activation_bytes + prm.activation_bytes
+        assert plan.kv_bytes == int(budget * 0.9) - fixed - plan.non_torch_bytes
+        prm_kv = math.floor(plan.kv_bytes * fraction)
+        assert plan.prm_blocks == prm_kv // prm.block_bytes
+        assert plan.generator_blocks == (plan.kv_bytes - prm_kv) // gen.block_bytes
+
+
+def test_static_runtime_gets_exactly_the_planned_blocks(generator_model, prm_model, profiles):
+    runtime = Runtime(generator_model, prm_model, MemoryConfig(device_memory=2 * GiB, prm_fraction=0.4),
+                      CONFIG, profiles=profiles)
+    assert runtime.generator.blocks.num_usable_blocks == runtime.plan.generator_blocks
+    assert runtime.prm.blocks.num_usable_blocks == runtime.plan.prm_blocks
+    assert runtime.generator.kv_caches[0][0].shape[0] == runtime.plan.generator_blocks
+    metrics = runtime.memory_metrics()
+    assert metrics["plan"]["prm_fraction"] == 0.4 and metrics["elastic"] is None
+
+
+def test_auto_split_follows_the_workload_and_says_why():
+    gen, prm = _fake_profile("g", 32 << 10), _fake_profile("p", 128 << 10)
+    even = Workload(8, 500, 8, 500)
+    plan = plan_memory(MemoryConfig(device_memory=2 * GiB, policy="auto"), gen, prm, workload=even)
+    assert plan.prm_fraction == pytest.approx(0.8)  # same tokens, 4x the bytes per token
+    assert "PRM 8 sequences x 500 tokens x 128 KiB" in plan.reason and "0.80" in plan.reason
+    light = Workload(8, 500, 2, 125)  # the PRM holds few, short sequences
+    plan = plan_memory(MemoryConfig(device_memory=2 * GiB, policy="auto"), gen, prm, workload=light)
+    assert plan.prm_fraction == pytest.approx(0.2)
+    beam = Workload.beam_search(beams=4, problems_in_flight=2, generator_prompt_tokens=100,
+                                prm_prompt_tokens=200, steps=5, step_tokens=40)
+    assert (beam.generator_sequences, beam.generator_tokens, beam.prm_tokens) == (8, 225, 250)
+
+
+def test_bad_memory_input_is_a_clear_error(profiles):
+    for split in (0.0, 1.0, 1.5, -0.2):
+        with pytest.raises(ConfigError, match=r"memory split must be in \(0, 1\)"):
+            MemoryConfig(prm_fraction=split)
+    with pytest.raises(ConfigError, match=r"memory split must be in \(0, 1\)"):
+        parse_splits("0.5:1.2:0.2")
+    with pytest.raises(ConfigError, match="unknown memory policy 'greedy'; choose one of static, auto, elastic"):
+        MemoryConfig(policy="greedy")
+    with pytest.raises(ConfigError, match="unknown memory policy 'greedy'"):
+        settings_for([0.3], ["static", "greedy"])
+    with pytest.raises(ConfigError, match="cannot read memory size"):
+        parse_size("6 parsecs")
+    assert parse_size("6GiB") == 6 * GiB and parse_size("512MiB") == 512 << 20
+    gen, prm = profiles
+    with pytest.raises(ConfigError, match="the minimum is") as error:
+        plan_memory(MemoryConfig(device_memory=1 * GiB), gen, prm)
+    minimum = int(str(error.value).split("(")[-1].split(" bytes")[0])
+    fixed = gen.weights_bytes + prm.weights_bytes + gen.activation_bytes + prm.activation_bytes
+    assert minimum == math.ceil((fixed + gen.block_bytes + prm.block_bytes) / 0.9)
+    plan_memory(MemoryConfig(device_memory=minimum, policy="auto"), gen, prm)  # the minimum is enough
+    with pytest.raises(ConfigError, match="the minimum is"):
+        plan_memory(MemoryConfig(device_memory=minimum - 2), gen, prm)
+
+
+# -- the elastic pool ------------------------------------------------------------------
+def _pool() -> tuple[ElasticKVPool, BlockManager, BlockManager]:
+    """Four chunks of 96 bytes: 2 blocks of model a or 3 of model b each; b owns the top two."""
+    layout = ChunkLayout(96, 4, {"a": MemberLayout(48, 48, 2), "b": MemberLayout(32, 32, 3)})
+    pool = ElasticKVPool.split(layout, "a", "b", 2, torch.device("cpu"))
+    managers = {}
+    for name in ("a", "b"):
+        managers[name] = BlockManager(layout.num_blocks(name), 4, usable_blocks=pool.usable_blocks(name))
+        pool.attach(name, managers[name])
+    return pool, managers["a"], managers["b"]
+
+
+def test_pool_moves_free_chunks_uncached_first_and_never_a_block_in_use():
+    pool, a, b = _pool()
+    assert pool.chunks_of("a") == [0, 1] and pool.chunks_of("b") == [2, 3]
+    assert a.num_usable_blocks == 4 and b.num_usable_blocks == 6
+    held = b.allocate(1)  # lowest free id first: block 6, in chunk 2
+    assert held == [6]
+    cached = b.allocate(1)  # block 7, chunk 2; registered then freed: cached but free
+    b.register_full_block(cached[0], ROOT_HASH, (1, 2, 3, 4))
+    b.free(cached)
+    assert pool.movable_chunks("b") == [3]  # chunk 2 holds a block in use
+    pool.buffer.fill_(7)
+    move = pool.move("b", "a", 2, step=5, reason="test")
+    assert move.chunks == (3,) and move.evicted_blocks == 0
+    assert pool.owners == ["a", "a", "b", "a"] and a.num_usable_blocks == 6 and b.num_usable_blocks == 3
+    assert torch.all(pool.buffer[3 * 96:] == 0) and torch.all(pool.buffer[2 * 96:3 * 96] == 7)
+    with pytest.raises(ValueError, match="in use"):
+        b.remove_free_blocks(held)
+    assert b.is_usable(held[0]) and b.ref_count(held[0]) == 1
+    b.free(held)
+    events = []
+    b.listeners.append(events.append)
+    move = pool.move("b", "a", 1, step=6, reason="test")  # chunk 2 is free now; its cached block is evicted
+    assert move.chunks == (2,) and move.evicted_blocks == 1
+    assert [e.kind for e in events] == ["evict"] and b.num_usable_blocks == 0
+    assert pool.move("b", "a", 1, step=7, reason="test") is None  # nothing left to give
+    assert a.allocate(8) == [0, 1, 2, 3, 4, 5, 6, 7]  # a got the ids of both chunks in its view
+
+
+@pytest.mark.parametrize("cache_in, free_order, expected", [
+    ((6, 9), (6, 9), [2, 3]),  # both chunks cached: the one freed longest ago goes first
+    ((6, 9), (9, 6), [3, 2]),
+    ((6,), (6,), [3, 2]),  # a chunk holding no cached block goes before any cached one
+])
+def test_pool_gives_uncached_then_least_recently_used_chunks(cache_in, free_order, expected):
+    pool, _, b = _pool()
+    assert b.allocate(6) == [6, 7, 8, 9, 10, 11]
+    for k, block in enumerate(cache_in):
+        b.register_full_block(block, ROOT_HASH, (k, k, k, k))
+    b.free([x for x in range(6, 12) if x not in free_order])
+    for block in free_order:
+        b.free([block])
+    assert pool.movable_chunks("b") == expected
+
+
+# -- elastic at run time ---------------------------------------------------------------
+QUESTIONS = ["What is 7 times 8?", "Solve for x: 3x - 7 = 11.", "What is the area of a circle of radius 3?",
+             "Name a prime number larger than 100.", "What is the square root of 144?",
+             "How many sides does a hexagon have?"]
+
+
+def _scripted(runtime: Runtime, gen_prompts, prm_prompts) -> tuple[list, list]:
+    """A generator-only phase, then a PRM-only phase, then the generator again."""
+    greedy = SamplingParams(temperature=0, max_tokens=48, ignore_eos=True)
+
+    async def phase(submit):
+        futures = submit()
+        everything = asyncio.gather(*futures)
+        await runtime.drive(everything)
+        return await everything
+
+    async def script():
+        first = await phase(lambda: [runtime.submit_generate(p, greedy) for p in gen_prompts])
+        scores = await phase(lambda: [runtime.submit_score(p, ScoreParams([len(p) - 1], [1, 2])) for p in prm_prompts])
+        again = await phase(lambda: [runtime.submit_generate(p, greedy) for p in gen_prompts[::-1]])
+        return [o.completions[0].token_ids for o in first + again], [o.scores for o in scores]
+
+    return asyncio.run(script())
+
+
+def test_elastic_moves_chunks_to_the_starved_model_and_matches_static(generator_model, prm_model, profiles):
+    gen, prm = profiles
+    tok = generator_model.tokenizer
+    gen_prompts = [tok.apply_chat_template([{"role": "user", "content": q}], tokenize=True,
+                                           add_generation_prompt=True, return_dict=False) for q in QUESTIONS[:5]]
+    # Long score prompts: a few in flight hold more blocks than the PRM's initial share.
+    prm_prompts = [prm_model.tokenizer(" ".join(4 * (QUESTIONS[i:] + QUESTIONS[:i])))["input_ids"] for i in range(3)]
+    # A KV budget of 10 chunks: each phase alone needs more than its model's initial share.
+    fixed = gen.weights_bytes + prm.weights_bytes + gen.activation_bytes + prm.activation_bytes
+    chunk = math.lcm(gen.block_bytes, prm.block_bytes)
+    budget = math.ceil((fixed + 10 * chunk) / 0.9)
+    elastic = Runtime(generator_model, prm_model, MemoryConfig(device_memory=budget, policy="elastic"),
+                      CONFIG, profiles=profiles)
+    assert elastic.plan.chunks.num_chunks == 10
+    got = _scripted(elastic, gen_prompts, prm_prompts)
+    moves = elastic.pool.moves
+    assert moves, "a starved model must receive chunks"
+    to_gen = [m for m in moves if m.receiver == "generator"]
+    to_prm = [m for m in moves if m.receiver == "prm"]
+    assert to_gen and to_prm and to_gen[0].step < to_prm[0].step < to_gen[-1].step
+    assert all(m.reason for m in moves)
+    # Ownership and the block managers agree: every chunk has one owner, every id one pool.
+    for name, engine in elastic.engines.items():
+        assert sorted(b for b in range(engine.blocks.num_blocks) if engine.blocks.is_usable(b)) == \
+            elastic.pool.usable_blocks(name)
+    metrics = elastic.memory_metrics()
+    assert metrics["elastic"]["chunks_moved"] == sum(len(m.chunks) for m in moves)
+    assert metrics["generator"]["blocks"]["max"] > metrics["generator"]["blocks"]["start"]
+    # Moving only free blocks never corrupts a computation: same outputs as a roomy static split.
+    static = Runtime(generator_model, prm_model, MemoryConfig(device_memory=3 * GiB, prm_fraction=0.5),
+                     CONFIG, profiles=profiles)
+    expected = _scripted(static, gen_prompts, prm_prompts)
+    assert static.memory_metrics()["generator"]["preemptions"] == 0
+    assert got[0] == expected[0]
+    assert got[1] == pytest.approx(expected[1], abs=1e-5)

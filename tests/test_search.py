@@ -1,0 +1,305 @@
+"""Beam search, best-of-N and DVTS on the real demo models and real MATH-500 problems.
+
+Runs are tiny (n=4, M=2, 2-3 iterations, a few dozen tokens per step) so the whole file
+takes a couple of minutes on two CPU cores. A recording wrapper around the engine-backed
+step backend shows what the search asked for at every iteration."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+
+import pytest
+
+from evals.datasets import load_problems
+from evals.grading import extract_boxed, grade
+from search import ScoreCache, SearchConfig, run_search
+from search.beam import refill
+from search.beams import Beam, split_steps
+from search.driver import solve
+from search.session import SearchSession
+from tts_runtime.config import ConfigError
+
+pytestmark = pytest.mark.slow
+
+SMALL = dict(n=4, beam_width=2, num_iterations=2, max_step_tokens=40)
+
+
+@pytest.fixture(scope="module")
+def problems(math500_path):
+    return load_problems("math500", dataset_path=str(math500_path), limit=3)
+
+
+class Recorder:
+    """A `StepBackend` that passes through to the engine and records every call."""
+
+    def __init__(self, inner) -> None:
+        self.inner = inner
+        self.config = inner.config
+        self.counts = inner.counts
+        self.expanded: list[tuple[list[Beam], int]] = []  # (beams, width) per iteration
+        self.children: list[list[list[Beam]]] = []
+        self.scored: list[list[Beam]] = []
+
+    def root(self) -> Beam:
+        return self.inner.root()
+
+    async def expand(self, beams, iteration, *, width=1, to_eos=False):
+        assert iteration == len(self.expanded)
+        self.expanded.append((list(beams), width))
+        children = await self.inner.expand(beams, iteration, width=width, to_eos=to_eos)
+        self.children.append(children)
+        return children
+
+    async def score(self, beams) -> None:
+        await self.inner.score(beams)
+        self.scored.append(list(beams))
+
+
+def trace(runtime, problem, cache=None, **config):
+    """Solve one problem through a Recorder; returns (result, recorder, session)."""
+    session = SearchSession(runtime, SearchConfig(**config), cache)
+    recorder = Recorder(session.steps_for(problem))
+
+    async def main():
+        task = asyncio.ensure_future(solve(recorder, problem))
+        await runtime.drive(task)
+        return task.result()
+
+    return asyncio.run(main()), recorder, session
+
+
+# -- configuration ---------------------------------------------------------------------
+
+@pytest.mark.parametrize("options, message", [
+    (dict(n=6, beam_width=4), "multiple of the beam width"),
+    (dict(n=0), "n must be >= 1"),
+    (dict(num_iterations=0), "num_iterations"),
+    (dict(problem_batch=0), "problem batch"),
+    (dict(temperature=-1), "temperature"),
+    (dict(aggregation="median"), "aggregation"),
+    (dict(prm_format="nope"), "unknown PRM format"),
+    (dict(method="mcts"), "unknown search method"),
+    (dict(method="dvts", n=6, beam_width=4), "multiple of the beam width"),
+])
+def test_config_rejects_bad_parameters(options, message):
+    with pytest.raises(ConfigError, match=message):
+        SearchConfig(**options)
+
+
+def test_best_of_n_ignores_beam_width():
+    assert SearchConfig(method="bon", n=6, beam_width=4).n == 6
+
+
+# -- beams -------------------------------------------------------------------------------
+
+def test_steps_keep_their_delimiter_and_drop_blank_pieces():
+    assert split_steps("## Step 1\nx\n\n## Step 2\ny\n\n\n\nThe answer") == [
+        "## Step 1\nx\n\n", "## Step 2\ny\n\n", "The answer"]
+    assert split_steps("\n\n") == []
+
+
+def test_child_completion_rules():
+    root = Beam([1, 2, 3], 3)
+    step = dict(max_len=100, step_tokens=10)
+    assert root.child([7, 8], "Step one\n\n", "stop", **step).finish_reason is None
+    assert root.child([7], "Done.", "eos", **step).finish_reason == "eos"
+    assert root.child([7] * 10, "runaway", "length", **step).finish_reason == "length"
+    assert root.child([7], "\n\n", "stop", **step).finish_reason == "empty"
+    # The next step could overflow the generator's context: completed now.
+    assert root.child([7] * 87, "long\n\n", "stop", **step).finish_reason == "length"
+    child = root.child([7, 8], "a\n\n", "stop", **step)
+    assert child.token_ids == [1, 2, 3, 7, 8] and child.generated_tokens == 2 and root.steps == []
+
+
+# -- beam search -------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def sampled_beam(search_runtime, problems):
+    return trace(search_runtime, problems[0], **{**SMALL, "num_iterations": 3, "max_step_tokens": 64,
+                                                   "temperature": 0.8, "seed": 1})
+
+
+def test_beam_search_keeps_n_beams_and_refills_from_the_top(sampled_beam):
+    result, rec, _ = sampled_beam
+    config = rec.config
+    assert len(rec.expanded) >= 2, "the tree should grow past the first step"
+    for beams, width in rec.expanded:
+        assert len(beams) == config.n and width == 1
+    for iteration in range(1, len(rec.expanded)):
+        scored = rec.scored[iteration - 1]
+        unique: list[Beam] = []
+        for beam in scored:
+            if not beam.completed and beam.text not in {u.text for u in unique}:
+                unique.append(beam)
+        best = sorted(unique, key=lambda beam: beam.score("last"), reverse=True)[:config.keep]
+        assert rec.expanded[iteration][0] == refill(best, config.n)
+        assert len({id(beam) for beam in rec.expanded[iteration][0]}) == len(best)
+
+
+def test_beam_search_scores_every_step_and_grows_one_step_per_iteration(sampled_beam):
+    _, rec, _ = sampled_beam
+    for (parents, _), children in zip(rec.expanded, rec.children):
+        for parent, [child] in zip(parents, children):
+            assert child.token_ids[:len(parent.token_ids)] == parent.token_ids
+            assert child.steps[:len(parent.steps)] == parent.steps
+            assert len(child.steps) - len(parent.steps) <= 1
+            assert len(child.step_scores) == len(child.steps)
+            assert all(0.0 <= s <= 1.0 for s in child.step_scores)
+            assert child.step_scores[:-1] == parent.step_scores[:len(child.step_scores) - 1]
+
+
+def test_beam_search_final_pick_is_best_completed_beam(sampled_beam, problems):
+    result, rec, _ = sampled_beam
+    completed = [beam for scored in rec.scored for beam in scored if beam.completed]
+    for beam in completed:
+        assert beam.finish_reason in ("eos", "length", "empty")
+    if completed:
+        assert len(result.beams) == min(len(completed), rec.config.n)
+    pool = completed or [beam for beam in rec.scored[-1] if not beam.completed]
+    best = max(pool, key=lambda beam: beam.score("last"))
+    assert result.score == pytest.approx(best.score("last"))
+    assert result.prediction == extract_boxed(best.text)
+    assert result.correct == grade(result.prediction, problems[0].answer)
+    assert result.beams == sorted(result.beams, key=lambda b: b.score, reverse=True)
+
+
+def test_steps_complete_on_their_token_cap(search_runtime, problems):
+    result, rec, _ = trace(search_runtime, problems[0], **{**SMALL, "max_step_tokens": 6, "temperature": 0.0})
+    assert len(rec.expanded) == 1, "every beam completed at the first step, so the search stops"
+    assert [beam.finish_reason for beam in result.beams] == ["length"] * 4
+    assert all(beam.tokens == 6 for beam in result.beams)
+
+
+@pytest.fixture(scope="module")
+def greedy_copies(search_runtime, problems):
+    """Greedy decoding: every copy of a beam generates the same step as the original."""
+    before = search_runtime.prm.stats.scored_positions
+    cache = ScoreCache()
+    result, rec, _ = trace(search_runtime, problems[0], cache, **SMALL, temperature=0.0, filter_duplicates=False)
+    return result, rec, cache, search_runtime.prm.stats.scored_positions - before
+
+
+def test_duplicates_are_kept_without_the_filter(greedy_copies):
+    _, rec, _, _ = greedy_copies
+    assert len(rec.expanded) == 2
+    second = rec.expanded[1][0]
+    assert len({beam.text for beam in second}) == 1
+    assert len({id(beam) for beam in second}) == 2  # the top two copies, each refilled twice
+
+
+def test_duplicates_are_dropped_with_the_filter(search_runtime, problems):
+    _, rec, _ = trace(search_runtime, problems[0], **SMALL, temperature=0.0, filter_duplicates=True)
+    first = rec.scored[0]
+    assert len({beam.text for beam in first}) == 1 and len(first) == 4
+    second = rec.expanded[1][0]
+    assert len(second) == 4 and len({id(beam) for beam in second}) == 1
+    assert second[0] is first[0]
+
+
+def test_score_cache_answers_copied_beams(greedy_copies):
+    result, rec, cache, prm_requests = greedy_copies
+    lookups = sum(len(beam.steps) for scored in rec.scored for beam in scored)
+    distinct = {tuple(beam.steps[:k]) for scored in rec.scored for beam in scored
+                for k in range(1, len(beam.steps) + 1)}
+    assert cache.misses == len(distinct) == prm_requests == result.prm_requests
+    assert cache.hits == lookups - len(distinct)
+    # Iteration 0: four identical first steps, one PRM request; iteration 1: the copied
+    # first step four times plus three copies of the one new second step.
+    assert (cache.hits, cache.misses) == (3 + 4 + 3, 2)
+
+
+# -- continuous problem batching ---------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def batched_runs(search_runtime, problems):
+    runs = {}
+    for batch in (1, 2):
+        engine = search_runtime.generator.stats
+        start = len(engine.decode_batch_sizes)
+        cache, finished = ScoreCache(), []
+        config = SearchConfig(**SMALL, temperature=0.0, filter_duplicates=False, problem_batch=batch)
+        results = run_search(search_runtime, problems[:2], config, cache=cache, on_result=finished.append)
+        runs[batch] = (results, engine.decode_batch_sizes[start:], cache, finished)
+    return runs
+
+
+def test_problem_batching_fills_the_generator_batches(batched_runs):
+    one, two = batched_runs[1][1], batched_runs[2][1]
+    assert max(one) <= 4  # one problem: its 4 beams at most
+    assert max(two) == 8  # two problems decode together
+    assert sum(two) / len(two) > 1.5 * sum(one) / len(one)
+    assert len(two) < len(one)
+
+
+def test_problem_results_do_not_depend_on_batch_company(batched_runs, problems):
+    alone, together = batched_runs[1][0], batched_runs[2][0]
+    assert [r.id for r in alone] == [r.id for r in together] == [p.id for p in problems[:2]]
+    for a, b in zip(alone, together):
+        assert [beam.steps for beam in a.beams] == [beam.steps for beam in b.beams]
+        assert (a.prediction, a.generated_tokens, a.prm_tokens) == (b.prediction, b.generated_tokens, b.prm_tokens)
+        for x, y in zip(a.beams, b.beams):
+            # Scores may differ in the last float bits: batched matmuls sum in another order.
+            assert x.step_scores == pytest.approx(y.step_scores, rel=1e-5)
+
+
+def test_driver_reports_each_problem_and_frees_its_cache(batched_runs):
+    for results, _, cache, finished in batched_runs.values():
+        assert sorted(r.id for r in finished) == sorted(r.id for r in results)
+        assert len(cache) == 0
+        assert all(r.seconds > 0 and r.generated_tokens > 0 and r.iterations >= 1 for r in results)
+
+
+# -- best-of-N and DVTS ------------------------------------------------------------------
+
+def test_best_of_n_scores_every_step_of_n_samples(search_runtime, problems):
+    result, rec, session = trace(search_runtime, problems[1], method="bon", n=4, max_tokens=48,
+                                 temperature=0.8)
+    [(roots, width)] = rec.expanded
+    assert len(roots) == 1 and width == 4 and not roots[0].steps
+    samples = rec.children[0][0]
+    assert len(result.beams) == 4
+    assert len({beam.text for beam in samples}) > 1, "seeded samples differ from each other"
+    for beam, record in zip(samples, result.beams):
+        assert record.steps == beam.steps == split_steps(beam.text)
+        assert len(record.step_scores) == len(record.steps)
+        assert record.finish_reason in ("eos", "length")
+        assert record.tokens <= 48
+    best = max(result.beams, key=lambda b: b.score)
+    assert result.prediction == best.answer and math.isclose(result.score, best.score)
+
+
+def test_dvts_grows_independent_subtrees(search_runtime, problems):
+    result, rec, _ = trace(search_runtime, problems[1], method="dvts", **SMALL, temperature=0.8)
+    keep, width = rec.config.keep, rec.config.beam_width
+    heads, first_width = rec.expanded[0]
+    assert len(heads) == keep and first_width == width and heads[0] is heads[1]
+    for iteration in range(1, len(rec.expanded)):
+        candidates = rec.children[iteration - 1]
+        expected = [max(group, key=lambda b: b.score("last")) for group in candidates]
+        assert rec.expanded[iteration][0] == [head for head in expected if not head.completed]
+        for head, group in zip(rec.expanded[iteration][0], rec.children[iteration]):
+            assert len(group) == width
+            assert all(child.steps[:len(head.steps)] == head.steps for child in group)
+    # The leaves: each subtree's last M candidates, its chosen head among them.
+    assert len(result.beams) == rec.config.n
+    candidates = [beam.steps for groups in rec.children for group in groups for beam in group]
+    assert all(leaf.steps in candidates for leaf in result.beams)
+    assert {tuple(group[0].steps[:-1]) for group in rec.children[-1]} <= {
+        tuple(leaf.steps[:-1]) for leaf in result.beams}
+
+
+# -- the plain baseline ------------------------------------------------------------------
+
+def test_hf_baseline_makes_the_same_greedy_search(search_runtime, problems):
+    from evals.baselines import HFModels, run_baseline
+
+    config = SearchConfig(**SMALL, temperature=0.0)
+    ours = run_search(search_runtime, problems[:1], config)
+    plain = run_baseline(HFModels.load("smollm2-135m-instruct", "gemma3-270m"), problems[:1], config)
+    for a, b in zip(ours, plain):
+        assert [beam.steps for beam in a.beams] == [beam.steps for beam in b.beams]
+        for x, y in zip(a.beams, b.beams):
+            assert x.step_scores == pytest.approx(y.step_scores, abs=1e-4)
+        assert a.generated_tokens == b.generated_tokens
+        assert b.prm_tokens > a.prm_tokens  # no score cache, no dedupe of copies

@@ -1,0 +1,285 @@
+"""The `tts` command line: searches on datasets, model listing and benchmarks.
+
+Every command is registered with `command(parent, name)`, which prints a user mistake
+(any ConfigError) as one line `error: ...` with exit code 2 instead of a traceback.
+Adding a command is one decorated function; adding a group is one `add_typer` line.
+"""
+
+from __future__ import annotations
+
+import functools
+import shlex
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Annotated, Any, Optional
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, ProgressColumn, TextColumn, TimeElapsedColumn
+from rich.table import Table
+from rich.text import Text
+
+from evals.bench_search import SearchBench, bench_search
+from evals.datasets import load_problems
+from evals.report import RunFolder
+from evals.run import run_config, run_into_folder
+from memory.split import MemoryConfig, parse_size
+from search.config import SearchConfig
+from tts_runtime.config import ConfigError, EngineConfig, resolve_device
+from tts_runtime.models.registry import ALIASES, BUILTIN_CONFIGS, resolve
+from tts_runtime.runtime import Runtime
+
+DEFAULT_GENERATOR = "smollm2-135m-instruct"
+DEFAULT_PRM = "gemma3-270m"
+
+app = typer.Typer(name="tts", help="Test-time-compute search: PRM-guided beam search, best-of-N, DVTS.",
+                  no_args_is_help=True, add_completion=False, pretty_exceptions_show_locals=False)
+models_app = typer.Typer(help="Models the runtime can load.", no_args_is_help=True)
+bench_app = typer.Typer(help="Benchmarks (JSON + markdown under docs/benchmarks/).", no_args_is_help=True)
+app.add_typer(models_app, name="models")
+app.add_typer(bench_app, name="bench")
+
+console = Console(stderr=True)
+
+
+def command(parent: typer.Typer, name: str, **options: Any) -> Callable[[Callable], Callable]:
+    """Register `fn` as `parent`'s command `name`, with one-line errors for user mistakes."""
+    def register(fn: Callable) -> Callable:
+        @functools.wraps(fn)
+        def run(*args: Any, **kwargs: Any) -> Any:
+            try:
+                return fn(*args, **kwargs)
+            except ConfigError as exc:
+                typer.echo(f"error: {' '.join(str(exc).split())}", err=True)
+                raise typer.Exit(2) from None
+        parent.command(name, **options)(run)
+        return fn
+    return register
+
+
+# -- search commands -----------------------------------------------------------------
+
+_D = SearchConfig()
+
+
+def _csv(text: str | None, what: str, cast: Callable[[str], Any]) -> set | None:
+    if text is None:
+        return None
+    try:
+        return {cast(item.strip()) for item in text.split(",") if item.strip()}
+    except ValueError:
+        raise ConfigError(f"--{what} takes a comma-separated list, e.g. 1,2,3; got '{text}'") from None
+
+
+def _memory_config(device_memory: str | None, memory_split: float, memory_policy: str) -> MemoryConfig:
+    size = parse_size(device_memory) if device_memory else None
+    return MemoryConfig(device_memory=size, prm_fraction=memory_split, policy=memory_policy)
+
+
+def _make_search_command(method: str, summary: str) -> None:
+    def search_command(
+        dataset: Annotated[str, typer.Option(help="'math500' or a JSONL file with problem/answer fields.")] = "math500",
+        limit: Annotated[Optional[int], typer.Option(help="Only the first N problems.")] = None,
+        levels: Annotated[Optional[str], typer.Option(help="Only these levels, e.g. 1,2.")] = None,
+        ids: Annotated[Optional[str], typer.Option(help="Only these problem ids, comma-separated.")] = None,
+        dataset_path: Annotated[Optional[str], typer.Option(help="Local MATH-500 copy (file or folder).")] = None,
+        generator: Annotated[str, typer.Option(help="Generator: alias, HF folder or .gguf.")] = DEFAULT_GENERATOR,
+        prm: Annotated[str, typer.Option(help="PRM: alias, HF folder or .gguf.")] = DEFAULT_PRM,
+        prm_format: Annotated[Optional[str], typer.Option(help="rlhflow, math-shepherd, qwen-prm or judge "
+                                                          "(default: from the PRM's name).")] = None,
+        n: Annotated[int, typer.Option(help="Beams (beam search), samples (best-of-N), leaves (DVTS).")] = _D.n,
+        beam_width: Annotated[int, typer.Option(help="M: beam search keeps n/M beams; DVTS grows n/M "
+                                                "subtrees of M.")] = _D.beam_width,
+        num_iterations: Annotated[int, typer.Option(help="Most steps per beam.")] = _D.num_iterations,
+        max_step_tokens: Annotated[int, typer.Option(help="Token cap per step.")] = _D.max_step_tokens,
+        max_tokens: Annotated[int, typer.Option(help="Token cap per whole solution (best-of-N, "
+                                                "--eos-sampling).")] = _D.max_tokens,
+        temperature: Annotated[float, typer.Option(help="0 is greedy.")] = _D.temperature,
+        top_p: Annotated[float, typer.Option()] = _D.top_p,
+        aggregation: Annotated[str, typer.Option(help="Step scores to beam score: last, min, prod, "
+                                                 "mean.")] = _D.aggregation,
+        filter_duplicates: Annotated[bool, typer.Option(help="Drop beams with identical text.")] = _D.filter_duplicates,
+        sort_completed: Annotated[bool, typer.Option(help="Keep the best-scored completed beams.")] = _D.sort_completed,
+        eos_sampling: Annotated[bool, typer.Option(help="At the last iteration let beams run to "
+                                                   "EOS.")] = _D.eos_sampling,
+        problem_batch: Annotated[int, typer.Option(help="Searches in flight at once.")] = _D.problem_batch,
+        seed: Annotated[int, typer.Option()] = _D.seed,
+        out: Annotated[Optional[Path], typer.Option(help="Run folder (default runs/<method>-<time>).")] = None,
+        resume: Annotated[bool, typer.Option(help="Continue the run in --out, skipping finished "
+                                             "problems.")] = False,
+        device: Annotated[str, typer.Option(help="auto, cpu, cuda, cuda:1 ...")] = "auto",
+        device_memory: Annotated[Optional[str], typer.Option(help="Memory budget for both models, e.g. "
+                                                             "6GiB (default: the GPU's, 8GiB on CPU).")] = None,
+        memory_split: Annotated[float, typer.Option(help="Share of the KV budget for the PRM.")] = 0.3,
+        memory_policy: Annotated[str, typer.Option(help="static, auto or elastic.")] = "static",
+    ) -> None:
+        config = SearchConfig(
+            method=method, n=n, beam_width=beam_width, num_iterations=num_iterations,
+            temperature=temperature, top_p=top_p, max_step_tokens=max_step_tokens, max_tokens=max_tokens,
+            aggregation=aggregation, filter_duplicates=filter_duplicates, sort_completed=sort_completed,
+            eos_sampling=eos_sampling, prm_format=prm_format, problem_batch=problem_batch, seed=seed)
+        selection = {"name": dataset, "path": dataset_path, "limit": limit,
+                     "levels": sorted(_csv(levels, "levels", int) or []) or None,
+                     "ids": sorted(_csv(ids, "ids", str) or []) or None}
+        _run_search_command(config, selection, generator, prm, out, resume, device,
+                            _memory_config(device_memory, memory_split, memory_policy))
+
+    search_command.__doc__ = summary
+    command(app, method)(search_command)
+
+
+def _run_search_command(config: SearchConfig, selection: dict, generator: str, prm: str, out: Path | None,
+                        resume: bool, device: str, memory: MemoryConfig) -> None:
+    problems = load_problems(selection["name"], dataset_path=selection["path"], limit=selection["limit"],
+                             levels=set(selection["levels"]) if selection["levels"] else None,
+                             ids=set(selection["ids"]) if selection["ids"] else None)
+    if not problems:
+        raise ConfigError("no problem matches the dataset filters (--limit, --levels, --ids)")
+    if resume and out is None:
+        raise ConfigError("--resume needs --out: the run folder to continue")
+    # Catch unknown models and devices now, before minutes of loading.
+    for name in (generator, prm):
+        resolve(name)
+    resolve_device(device)
+    folder = RunFolder.open(out or Path("runs") / f"{config.method}-{time.strftime('%Y%m%d-%H%M%S')}",
+                            resume=resume)
+    console.print(f"loading {generator} + {prm} ...")
+    runtime = Runtime(generator, prm, memory=memory, engine_config=EngineConfig(device=device))
+    try:
+        folder.write_config(run_config(runtime, config, selection, sys.argv))
+        with _SearchProgress(runtime, len(problems)) as progress:
+            outcome = run_into_folder(runtime, problems, config, folder, on_result=progress.advance)
+    except KeyboardInterrupt:
+        console.print(f"interrupted: finished problems are in {folder.path}; continue with --resume "
+                      f"--out {shlex.quote(str(folder.path))}")
+        raise typer.Exit(130) from None
+    finally:
+        runtime.shutdown()
+    _print_summary(outcome.metrics, folder.path)
+
+
+class _Rate(ProgressColumn):
+    """A rate read live from a counter (refreshed by rich's thread while the search runs)."""
+
+    def __init__(self, read: Callable[[], float], unit: str) -> None:
+        super().__init__()
+        self.read, self.unit, self.start = read, unit, time.perf_counter()
+        self.base = read()
+
+    def render(self, task) -> Text:
+        elapsed = time.perf_counter() - self.start
+        value = (self.read() - self.base) / elapsed if elapsed > 0 else 0.0
+        return Text(f"{value:.2f} {self.unit}")
+
+
+class _SearchProgress:
+    def __init__(self, runtime, total: int) -> None:
+        self.correct = 0
+        self.done = 0
+        self.bar = Progress(
+            TextColumn("[bold]problems"), BarColumn(), MofNCompleteColumn(),
+            TextColumn("acc {task.fields[accuracy]}"),
+            _Rate(lambda: self.done, "problems/s"),
+            _Rate(lambda: runtime.generator.stats.generated_tokens, "tok/s"),
+            TimeElapsedColumn(), console=console)
+        self.task = self.bar.add_task("search", total=total, accuracy="-")
+
+    def advance(self, result) -> None:
+        self.done += 1
+        self.correct += bool(result.correct)
+        self.bar.update(self.task, advance=1, accuracy=f"{self.correct / self.done:.1%}")
+
+    def __enter__(self) -> _SearchProgress:
+        self.bar.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.bar.stop()
+
+
+def _print_summary(metrics: dict, folder: Path) -> None:
+    speed = metrics["throughput"]
+    table = Table(title=f"{metrics['problems']} problems  ·  {folder}", show_header=False)
+    table.add_column("metric")
+    table.add_column("value", justify="right")
+    table.add_row("accuracy (best beam)", f"{metrics['accuracy']:.1%}")
+    table.add_row("accuracy (weighted vote)", f"{metrics['weighted_accuracy']:.1%}")
+    table.add_row("accuracy (majority vote)", f"{metrics['majority_accuracy']:.1%}")
+    for level, row in metrics["per_level"].items():
+        table.add_row(f"  level {level}", f"{row['accuracy']:.1%} of {row['problems']}")
+    table.add_row("problems/min", f"{speed['problems_per_min']:.2f}")
+    table.add_row("generator tokens/s", f"{speed['generator_tokens_per_s']:.1f}")
+    table.add_row("PRM tokens/s", f"{speed['prm_tokens_per_s']:.1f}")
+    table.add_row("prefix hit rate generator / PRM",
+                  f"{speed['prefix_hit_rate']['generator']:.1%} / {speed['prefix_hit_rate']['prm']:.1%}")
+    table.add_row("score-cache hit rate", f"{speed['score_cache']['hit_rate']:.1%}")
+    Console().print(table)
+
+
+_make_search_command("beam", "PRM-guided beam search on a dataset.")
+_make_search_command("bon", "Best-of-N: N whole samples, PRM-scored, then naive/weighted/majority picks.")
+_make_search_command("dvts", "Diverse verifier tree search: n/M independent subtrees of width M.")
+
+
+# -- models --------------------------------------------------------------------------
+
+@command(models_app, "list")
+def models_list() -> None:
+    """Every model alias and built-in dummy shape: architecture, size, where it resolves."""
+    table = Table("name", "architecture", "size", "resolves to")
+    for alias in ALIASES.values():
+        try:
+            where = str(alias.locate())
+        except ConfigError as exc:
+            where = f"not installed: {exc}"
+        table.add_row(alias.name, alias.architecture, alias.parameters, f"{where} ({alias.source})")
+    for shape, config in BUILTIN_CONFIGS.items():
+        table.add_row(f"dummy:{shape}", config["model_type"], _parameters(config), "random weights (built-in shape)")
+    Console().print(table)
+
+
+def _parameters(config: dict) -> str:
+    """Parameter count of a Llama-shaped config, e.g. '1.24B'."""
+    hidden, layers, inter = config["hidden_size"], config["num_hidden_layers"], config["intermediate_size"]
+    head_dim = config.get("head_dim", hidden // config["num_attention_heads"])
+    attention = hidden * head_dim * (2 * config["num_attention_heads"] + 2 * config["num_key_value_heads"])
+    embeddings = config["vocab_size"] * hidden * (1 if config.get("tie_word_embeddings") else 2)
+    total = embeddings + layers * (attention + 3 * hidden * inter)
+    return f"{total / 1e9:.2f}B" if total >= 1e9 else f"{total / 1e6:.0f}M"
+
+
+# -- benchmarks ----------------------------------------------------------------------
+
+@command(bench_app, "search")
+def bench_search_command(
+    limit: Annotated[int, typer.Option(help="First N MATH-500 problems.")] = 20,
+    n: Annotated[int, typer.Option()] = 4,
+    beam_width: Annotated[int, typer.Option()] = 4,
+    num_iterations: Annotated[int, typer.Option()] = _D.num_iterations,
+    max_step_tokens: Annotated[int, typer.Option()] = _D.max_step_tokens,
+    problem_batch: Annotated[int, typer.Option(help="tts searches in flight (the baseline does one).")] = _D.problem_batch,
+    seed: Annotated[int, typer.Option()] = _D.seed,
+    generator: Annotated[str, typer.Option()] = DEFAULT_GENERATOR,
+    prm: Annotated[str, typer.Option()] = DEFAULT_PRM,
+    prm_format: Annotated[Optional[str], typer.Option()] = None,
+    dataset_path: Annotated[Optional[str], typer.Option()] = None,
+    device_memory: Annotated[Optional[str], typer.Option()] = None,
+    rounds: Annotated[int, typer.Option(help="tts, baseline, tts, baseline ... ; medians reported.")] = 1,
+    baseline: Annotated[bool, typer.Option(help="Also run the plain HF baseline.")] = True,
+    out_dir: Annotated[Path, typer.Option(help="Where search.json and search.md go.")] = Path("docs/benchmarks"),
+) -> None:
+    """Beam search, tts vs the plain HF baseline, side by side on the first N MATH-500 problems."""
+    config = SearchConfig(method="beam", n=n, beam_width=beam_width, num_iterations=num_iterations,
+                          max_step_tokens=max_step_tokens, problem_batch=problem_batch, seed=seed,
+                          prm_format=prm_format)
+    bench = SearchBench(config=config, limit=limit, generator=generator, prm=prm, dataset_path=dataset_path,
+                        memory=_memory_config(device_memory, 0.3, "static"), rounds=rounds,
+                        baseline=baseline, out_dir=out_dir)
+    report = bench_search(bench, command=["tts", *sys.argv[1:]], log=console.print)
+    Console().print(report.markdown)
+
+
+if __name__ == "__main__":
+    app()
