@@ -145,6 +145,12 @@ def _hf_model(shape: str, device: torch.device):
     return model.eval()
 
 
+def _synchronize(device: torch.device) -> None:
+    """Wait for queued kernels, so the caller's timer covers them (a no-op off CUDA)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
 def _tts_generate(engine: Engine, prompts: list[list[int]], new_tokens: int) -> dict:
     params = SamplingParams(temperature=0.8, max_tokens=new_tokens, ignore_eos=True)
     outputs = engine.generate(prompts, params)  # returns after the last .tolist(): synchronised
@@ -157,7 +163,7 @@ def _hf_generate(hf, prompts: list[list[int]], new_tokens: int) -> dict:
         out = hf.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=new_tokens,
                           min_new_tokens=new_tokens, do_sample=True, temperature=0.8, top_p=1.0, top_k=0,
                           pad_token_id=0)
-    torch.cuda.synchronize()
+    _synchronize(hf.device)
     return {"tokens": (out.shape[1] - ids.shape[1]) * ids.shape[0]}
 
 
@@ -224,7 +230,7 @@ def _hf_score(hf, prompts: list[list[int]], per_forward: int, last_only: bool) -
                 hf(input_ids=ids, logits_to_keep=1)
             else:
                 hf(input_ids=ids)
-    torch.cuda.synchronize()
+    _synchronize(hf.device)
     return {"tokens": sum(len(p) for p in prompts)}
 
 
@@ -301,7 +307,9 @@ def run_gpu_bench(config: GpuBenchConfig | None = None, command: str = "tts benc
         summary["search"] = search
         rows.append(_search_row(search, config.search_limit))
     memory = device_memory_info(device)
-    facts = gpu_facts(device)
+    import triton  # for its version; the kernels imported it already
+
+    facts = {**gpu_facts(device), "triton": triton.__version__}
     summary["memory"] = asdict(memory)
     summary["gpu"] = facts
     notes = [

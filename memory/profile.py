@@ -7,8 +7,8 @@ the engine's profiling forward (the largest step it can be asked for, see
 tts_runtime/engine/profiling.py) and reading the allocator's peak:
 
 * GPU: torch.cuda.max_memory_allocated over the forward; non-torch memory (CUDA context,
-  library workspaces, and anything else on the device) is the device's used memory minus
-  what torch reserved.
+  library workspaces) is read by the caller from NVML (tts_runtime/engine/device_memory.py)
+  as this process's device usage minus what torch reserved.
 * CPU: the torch profiler's record of CPU allocations ("Total Allocated" of every
   allocation event during the forward); a CPU budget is a user-set stand-in for a
   device, so non-torch memory (the Python process itself) is outside it and counts 0.
@@ -30,7 +30,7 @@ import torch
 GiB = 1 << 30
 MiB = 1 << 20
 # Bump when what a profile measures changes, so cached profiles are not reused.
-PROFILE_VERSION = 1
+PROFILE_VERSION = 2
 
 
 @dataclass(frozen=True)
@@ -68,45 +68,22 @@ class MemoryProfile:
         return cls(**{k: row[k] for k in cls.__dataclass_fields__})
 
 
-def device_total_bytes(device: torch.device) -> int | None:
-    """The device's total memory from NVML on GPU; None on CPU (the user sets a budget)."""
-    if device.type != "cuda":
-        return None
-    import pynvml
-
-    pynvml.nvmlInit()
-    try:
-        uuid = torch.cuda.get_device_properties(device).uuid
-        handle = pynvml.nvmlDeviceGetHandleByUUID(f"GPU-{uuid}")
-        return int(pynvml.nvmlDeviceGetMemoryInfo(handle).total)
-    finally:
-        pynvml.nvmlShutdown()
-
-
 def weight_bytes(model: torch.nn.Module) -> int:
     tensors = list(model.parameters()) + list(model.buffers())
     return sum(t.numel() * t.element_size() for t in tensors)
 
 
-def measure_forward(forward: Callable[[], None], device: torch.device) -> tuple[int, int, str]:
-    """(peak activation bytes, non-torch bytes, method) of one run of `forward`."""
+def measure_forward(forward: Callable[[], None], device: torch.device) -> tuple[int, str]:
+    """(peak bytes allocated by one run of `forward`, how it was measured)."""
     if device.type == "cuda":
-        return _measure_cuda(forward, device)
-    return _measure_cpu(forward), 0, ("cpu: peak of torch CPU allocations during the profiling "
-                                      "forward (torch profiler); non-torch memory is outside a CPU budget")
-
-
-def _measure_cuda(forward: Callable[[], None], device: torch.device) -> tuple[int, int, str]:
-    torch.cuda.synchronize(device)
-    torch.cuda.reset_peak_memory_stats(device)
-    base = torch.cuda.memory_allocated(device)
-    forward()
-    torch.cuda.synchronize(device)
-    peak = torch.cuda.max_memory_allocated(device) - base
-    free, total = torch.cuda.mem_get_info(device)
-    non_torch = max(0, total - free - torch.cuda.memory_reserved(device))
-    return peak, non_torch, ("cuda: torch.cuda.max_memory_allocated over the profiling forward; "
-                             "non-torch = device used - torch reserved")
+        torch.cuda.synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        base = torch.cuda.memory_allocated(device)
+        forward()
+        torch.cuda.synchronize(device)
+        return (torch.cuda.max_memory_allocated(device) - base,
+                "cuda: torch.cuda.max_memory_allocated over the profiling forward")
+    return _measure_cpu(forward), "cpu: peak of torch CPU allocations during the profiling forward (torch profiler)"
 
 
 def _measure_cpu(forward: Callable[[], None]) -> int:
@@ -126,12 +103,17 @@ def _measure_cpu(forward: Callable[[], None]) -> int:
 
 def profile_model(model: str, module: torch.nn.Module, kv_bytes_per_token: int, num_layers: int,
                   block_size: int, profiled_tokens: int, forward: Callable[[], None],
-                  device: torch.device) -> MemoryProfile:
-    """Profile one loaded model; `forward` is its profiling forward (set up by the caller)."""
+                  device: torch.device, non_torch: Callable[[], int | None]) -> MemoryProfile:
+    """Profile one loaded model. `forward` is its profiling forward (set up by the caller);
+    `non_torch()` reads the device memory torch does not hold, after the forward (None on
+    a CPU, whose budget is a stand-in that the process itself is outside of)."""
     forward()  # warm-up: lazy kernel/library initialisation is not activation memory
-    activations, non_torch, method = measure_forward(forward, device)
+    activations, method = measure_forward(forward, device)
+    outside = non_torch()
+    method += ("; non-torch = device memory in use minus torch's reservation" if outside is not None
+               else "; non-torch memory is outside a CPU budget (0)")
     return MemoryProfile(model=model, weights_bytes=weight_bytes(module), activation_bytes=activations,
-                         non_torch_bytes=non_torch, kv_bytes_per_token=kv_bytes_per_token,
+                         non_torch_bytes=outside or 0, kv_bytes_per_token=kv_bytes_per_token,
                          num_layers=num_layers, block_size=block_size, profiled_tokens=profiled_tokens,
                          method=method)
 

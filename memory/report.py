@@ -11,12 +11,11 @@ from typing import Annotated, Optional
 
 import typer
 
-from memory.profile import device_total_bytes
 from memory.split import MemoryConfig, format_plan, parse_size, plan_memory
 from tts_runtime.config import EngineConfig, SchedulerConfig, resolve_device, resolve_dtype
 from tts_runtime.engine.kv_cache import element_size
 from tts_runtime.models.loader import load_model
-from tts_runtime.runtime import profile_models
+from tts_runtime.runtime import device_total, profile_models
 
 
 def profile_command(
@@ -41,5 +40,5 @@ def profile_command(
     prm_loaded = load_model(prm, torch_dtype, dev)
     profiles = profile_models(gen_loaded, prm_loaded, config)
     size = element_size(torch_dtype)
-    plan = plan_memory(memory, *profiles, device_total=device_total_bytes(dev), element_sizes=(size, size))
+    plan = plan_memory(memory, *profiles, device_total=device_total(dev), element_sizes=(size, size))
     typer.echo(json.dumps(plan.to_dict(), indent=2) if as_json else format_plan(plan))

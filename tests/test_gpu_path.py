@@ -471,6 +471,24 @@ def test_bench_gpu_refuses_without_cuda(capsys):
     assert err.count("\n") == 1 and err.startswith("error: tts bench gpu needs a CUDA GPU")
 
 
+def test_bench_gpu_workload_helpers_on_cpu(generator_model):
+    """The benchmark's per-variant calls, on CPU at toy sizes (the GPU run uses them as is)."""
+    from transformers import AutoModelForCausalLM, LlamaConfig
+
+    from evals.bench_gpu import _hf_generate, _hf_score, _random_prompts, _tts_generate, _tts_score
+    from tts_runtime.engine.request import ScoreParams
+
+    hf = AutoModelForCausalLM.from_config(LlamaConfig(**{**_tiny_llama(), "vocab_size": 49152})).eval()
+    prompts = [[p % 49152 for p in prompt] for prompt in _random_prompts(2, 6, seed=0)]  # SmolLM2's vocab
+    assert _hf_generate(hf, prompts, 3) == {"tokens": 6}
+    assert _hf_score(hf, prompts, 1, last_only=True) == {"tokens": 12}
+    assert _hf_score(hf, prompts, 2, last_only=False) == {"tokens": 12}
+    engine = Engine(generator_model.name, EngineConfig(cache=CacheConfig(num_blocks=8)), loaded=generator_model)
+    assert _tts_generate(engine, prompts, 3) == {"tokens": 6}
+    assert _tts_score(engine, prompts, ScoreParams([5], [10, 20]), fused=False) == {"tokens": 12}
+    assert all(m.ops is EAGER_OPS for m in engine.model.modules() if hasattr(m, "ops"))
+
+
 def test_bench_gpu_rooflines():
     from evals.bench_gpu import _arch, decode_roofline_seconds, prefill_flops_per_token
 

@@ -161,8 +161,8 @@ QUESTIONS = ["What is 7 times 8?", "Solve for x: 3x - 7 = 11.", "What is the are
 
 
 def _scripted(runtime: Runtime, gen_prompts, prm_prompts) -> tuple[list, list]:
-    """A generator-only phase, then a PRM-only phase, then the generator again."""
-    greedy = SamplingParams(temperature=0, max_tokens=48, ignore_eos=True)
+    """A generator-only phase, then a PRM-only phase."""
+    greedy = SamplingParams(temperature=0, max_tokens=32, ignore_eos=True)
 
     async def phase(submit):
         futures = submit()
@@ -173,8 +173,7 @@ def _scripted(runtime: Runtime, gen_prompts, prm_prompts) -> tuple[list, list]:
     async def script():
         first = await phase(lambda: [runtime.submit_generate(p, greedy) for p in gen_prompts])
         scores = await phase(lambda: [runtime.submit_score(p, ScoreParams([len(p) - 1], [1, 2])) for p in prm_prompts])
-        again = await phase(lambda: [runtime.submit_generate(p, greedy) for p in gen_prompts[::-1]])
-        return [o.completions[0].token_ids for o in first + again], [o.scores for o in scores]
+        return [o.completions[0].token_ids for o in first], [o.scores[0] for o in scores]
 
     return asyncio.run(script())
 
@@ -183,22 +182,22 @@ def test_elastic_moves_chunks_to_the_starved_model_and_matches_static(generator_
     gen, prm = profiles
     tok = generator_model.tokenizer
     gen_prompts = [tok.apply_chat_template([{"role": "user", "content": q}], tokenize=True,
-                                           add_generation_prompt=True, return_dict=False) for q in QUESTIONS[:5]]
-    # Long score prompts: a few in flight hold more blocks than the PRM's initial share.
-    prm_prompts = [prm_model.tokenizer(" ".join(4 * (QUESTIONS[i:] + QUESTIONS[:i])))["input_ids"] for i in range(3)]
-    # A KV budget of 10 chunks: each phase alone needs more than its model's initial share.
+                                           add_generation_prompt=True, return_dict=False) for q in QUESTIONS[:4]]
+    # Long score prompts: two in flight hold more blocks than the PRM's initial share.
+    prm_prompts = [prm_model.tokenizer(" ".join(4 * (QUESTIONS[i:] + QUESTIONS[:i])))["input_ids"] for i in range(2)]
+    # A KV budget of 8 chunks: each phase alone needs more than its model's initial share.
     fixed = gen.weights_bytes + prm.weights_bytes + gen.activation_bytes + prm.activation_bytes
     chunk = math.lcm(gen.block_bytes, prm.block_bytes)
-    budget = math.ceil((fixed + 10 * chunk) / 0.9)
+    budget = math.ceil((fixed + 8 * chunk) / 0.9)
     elastic = Runtime(generator_model, prm_model, MemoryConfig(device_memory=budget, policy="elastic"),
                       CONFIG, profiles=profiles)
-    assert elastic.plan.chunks.num_chunks == 10
+    assert elastic.plan.chunks.num_chunks == 8
     got = _scripted(elastic, gen_prompts, prm_prompts)
     moves = elastic.pool.moves
     assert moves, "a starved model must receive chunks"
     to_gen = [m for m in moves if m.receiver == "generator"]
     to_prm = [m for m in moves if m.receiver == "prm"]
-    assert to_gen and to_prm and to_gen[0].step < to_prm[0].step < to_gen[-1].step
+    assert to_gen and to_prm and to_gen[0].step < to_prm[0].step
     assert all(m.reason for m in moves)
     # Ownership and the block managers agree: every chunk has one owner, every id one pool.
     for name, engine in elastic.engines.items():
@@ -213,4 +212,5 @@ def test_elastic_moves_chunks_to_the_starved_model_and_matches_static(generator_
     expected = _scripted(static, gen_prompts, prm_prompts)
     assert static.memory_metrics()["generator"]["preemptions"] == 0
     assert got[0] == expected[0]
-    assert got[1] == pytest.approx(expected[1], abs=1e-5)
+    for scores, reference in zip(got[1], expected[1]):
+        assert scores == pytest.approx(reference, abs=1e-5)

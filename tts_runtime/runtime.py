@@ -21,10 +21,11 @@ import torch
 
 from memory.elastic import ElasticPolicy, Pressure
 from memory.pool import ElasticKVPool
-from memory.profile import MemoryProfile, ProfileCache, device_total_bytes, profile_model
+from memory.profile import MemoryProfile, ProfileCache, profile_model
 from memory.split import MemoryConfig, MemoryPlan, Workload, plan_memory
 from memory.thrash import ThrashTracker
 from tts_runtime.config import ConfigError, EngineConfig, ModelSpec, resolve_device, resolve_dtype
+from tts_runtime.engine.device_memory import device_memory_info
 from tts_runtime.engine.engine import Engine
 from tts_runtime.engine.kv_cache import KVAllocation, element_size, shared_kv_views
 from tts_runtime.engine.profiling import EngineRole, profile_tokens, profiling_forward
@@ -63,10 +64,16 @@ def profile_one(loaded: LoadedModel, role: EngineRole, config: EngineConfig,
     forward = profiling_forward(loaded, tokens, config.scheduler.max_num_seqs, role, config.cache.block_size,
                                 config.attention_backend)
     profile = profile_model(loaded.name, loaded.model, loaded.arch.kv_bytes_per_token(weight.element_size()),
-                            loaded.arch.num_layers, config.cache.block_size, tokens, forward, weight.device)
+                            loaded.arch.num_layers, config.cache.block_size, tokens, forward, weight.device,
+                            lambda: device_memory_info(weight.device).non_torch)
     if cache is not None:
         cache.put(key, profile)
     return profile
+
+
+def device_total(device: torch.device) -> int | None:
+    """The GPU's total memory (NVML); None on CPU, where the user sets the budget."""
+    return device_memory_info(device).total if device.type == "cuda" else None
 
 
 def profile_models(generator: LoadedModel, prm: LoadedModel, config: EngineConfig) -> tuple[MemoryProfile, MemoryProfile]:
@@ -92,7 +99,7 @@ class Runtime:
         self.profiles = profiles or profile_models(gen_loaded, prm_loaded, self.engine_config)
         dtypes = (resolve_dtype(gen_spec.dtype, dev), resolve_dtype(prm_spec.dtype, dev))
         self.plan: MemoryPlan = plan_memory(
-            self.memory, *self.profiles, device_total=device_total_bytes(dev), workload=workload,
+            self.memory, *self.profiles, device_total=device_total(dev), workload=workload,
             element_sizes=(element_size(dtypes[0]), element_size(dtypes[1])))
         self.pool: ElasticKVPool | None = None
         self.elastic: ElasticPolicy | None = None

@@ -101,7 +101,7 @@ class StaticDecodeBuffers:
         assert n <= padded <= self.max_batch, "padded size must hold the batch"
         self.input_ids[:n].copy_(batch.input_ids, non_blocking=True)
         self.positions[:n].copy_(batch.positions, non_blocking=True)
-        self.slot_mapping[:n].copy_(batch.meta.slot_mapping, non_blocking=True)
+        self.slot_mapping[:n].copy_(meta.slot_mapping, non_blocking=True)
         self.context_lens[:n].copy_(meta.decode_context_lens, non_blocking=True)
         # Whole rows, zero past each table: the rows hold exactly this step's tables.
         self.block_tables[:padded].zero_()
@@ -159,14 +159,16 @@ class CudaGraphRunner:
         self.kv_caches = kv_caches
         self.backend = backend
         self.sizes = capture_sizes(max_num_seqs, sizes)
+        # What the graphs keep reserved (static buffers and the graphs' pool), for the memory
+        # profile. Measured between emptied allocator caches (torch.cuda.graph empties it
+        # before each capture too), so neither earlier cached blocks nor warm-up activations count.
+        torch.cuda.empty_cache()
         reserved = torch.cuda.memory_reserved(device)
         self.buffers = StaticDecodeBuffers.allocate(self.sizes[-1], max_blocks_per_seq, block_size, device)
         self._graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self._logits: dict[int, torch.Tensor] = {}
         self._capture(device)
-        # What the graphs keep reserved (static buffers and the graphs' pool), for the
-        # memory profile: torch.cuda.graph empties the allocator's cache before each capture,
-        # so warm-up activations are not counted.
+        torch.cuda.empty_cache()
         self.memory_bytes = torch.cuda.memory_reserved(device) - reserved
 
     @torch.inference_mode()

@@ -154,9 +154,22 @@ def gpu_facts(device: torch.device | str) -> dict:
             facts["nvml"] = _text(nvml.nvmlSystemGetNVMLVersion())
             handle = _nvml_handle(nvml, device)
             if handle is not None:
-                facts["power_limit_w"] = nvml.nvmlDeviceGetPowerManagementLimit(handle) / 1000
-                facts["max_sm_clock_mhz"] = nvml.nvmlDeviceGetMaxClockInfo(handle, nvml.NVML_CLOCK_SM)
-                facts["max_mem_clock_mhz"] = nvml.nvmlDeviceGetMaxClockInfo(handle, nvml.NVML_CLOCK_MEM)
+                facts.update(_device_facts(nvml, handle))
+    return facts
+
+
+def _device_facts(nvml, handle) -> dict:
+    queries = {
+        "power_limit_w": lambda: nvml.nvmlDeviceGetPowerManagementLimit(handle) / 1000,
+        "max_sm_clock_mhz": lambda: nvml.nvmlDeviceGetMaxClockInfo(handle, nvml.NVML_CLOCK_SM),
+        "max_mem_clock_mhz": lambda: nvml.nvmlDeviceGetMaxClockInfo(handle, nvml.NVML_CLOCK_MEM),
+    }
+    facts = {}
+    for name, query in queries.items():
+        try:
+            facts[name] = query()
+        except nvml.NVMLError:  # not supported on this GPU, or not permitted in this container
+            pass
     return facts
 
 

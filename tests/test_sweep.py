@@ -1,0 +1,76 @@
+"""`tts sweep-memory` on a tiny configuration writes every file with the documented columns."""
+
+from __future__ import annotations
+
+import csv
+import json
+import re
+
+import matplotlib.image
+import pytest
+import typer
+from typer.testing import CliRunner
+
+import memory.sweep as sweep
+from memory.sweep import SWEEP_COLUMNS, sweep_memory
+from tts_runtime.config import ConfigError
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.fixture
+def cli(generator_model, prm_model, monkeypatch):
+    """The sweep command in its own typer app, reusing the session's loaded models."""
+    models = {generator_model.name: generator_model, prm_model.name: prm_model}
+    monkeypatch.setattr(sweep, "load_model", lambda name, dtype, device: models[name])
+    app = typer.Typer()
+    app.command()(sweep_memory)
+    return lambda args: CliRunner().invoke(app, args)
+
+
+TINY = ["--limit", "1", "--n", "2", "--beam-width", "2", "--num-iterations", "2", "--max-step-tokens", "8",
+        "--device-memory", "2GiB", "--max-num-batched-tokens", "128"]
+
+
+@pytest.mark.slow
+def test_tiny_sweep_writes_table_json_plots_and_report(cli, math500_path, tmp_path):
+    out, report = tmp_path / "sweep", tmp_path / "docs" / "memory.md"
+    result = cli(["--splits", "0.3,0.6", "--policies", "static,auto,elastic", "--dataset-path", str(math500_path),
+                  *TINY, "--out", str(out), "--markdown", str(report)])
+    assert result.exit_code == 0, result.output + repr(result.exception)
+    with (out / "sweep.csv").open() as f:
+        reader = csv.DictReader(f)
+        rows = list(reader)
+    assert tuple(reader.fieldnames) == SWEEP_COLUMNS
+    assert [r["setting"] for r in rows] == ["static 0.30", "static 0.60", "auto", "elastic"]
+    for row in rows:
+        assert int(row["problems"]) == 1 and float(row["problems_per_s"]) > 0
+        assert int(row["peak_memory_bytes"]) > 1 << 30  # both models' weights are resident
+        assert float(row["generator_blocks"]) > 0 and float(row["prm_blocks"]) > 0
+    assert [float(r["prm_fraction"]) for r in rows[:2]] == [0.3, 0.6]
+    payload = json.loads((out / "sweep.json").read_text())
+    assert payload["columns"] == list(SWEEP_COLUMNS) and len(payload["rows"]) == 4
+    assert payload["summary"]["best"] in {r["setting"] for r in rows}
+    assert set(payload["summary"]) >= {"best_static", "auto_vs_best_static", "elastic_vs_best_static"}
+    assert payload["settings"]["elastic"]["elastic"] is not None
+    assert "reason" in payload["settings"]["auto"]["plan"]
+    for name in ("throughput_vs_split", "blocks_over_steps", "hit_rate_vs_split", "thrash_vs_split"):
+        png = out / f"{name}.png"
+        assert png.read_bytes()[:8] == PNG_MAGIC
+        height, width, _ = matplotlib.image.imread(png).shape
+        assert height > 200 and width > 300
+        assert (report.parent / "memory" / f"{name}.png").is_file()
+    text = report.read_text()
+    assert "Best static split" in text and "static 0.60" in text and "](memory/throughput_vs_split.png)" in text
+    assert "best:" in result.output and "problems/s" in result.output
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--splits", "0.2:1.4:0.4"], r"memory split must be in \(0, 1\)"),
+    (["--policies", "static,magic"], "unknown memory policy 'magic'; choose one of static, auto, elastic"),
+    (["--device-memory", "1GiB"], "the minimum is"),
+])
+def test_bad_sweep_input_is_a_clear_error(cli, math500_path, tmp_path, args, message):
+    result = cli(["--dataset-path", str(math500_path), *TINY, "--out", str(tmp_path), *args])
+    assert isinstance(result.exception, ConfigError)
+    assert re.search(message, str(result.exception))
