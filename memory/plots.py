@@ -70,6 +70,10 @@ def plot_throughput(rows: list[dict], path: Path) -> Path:
     fig, ax = plt.subplots(figsize=(7, 4.2))
     ax.plot([r["prm_fraction"] for r in static], [r["problems_per_s"] for r in static], "o-",
             color="tab:blue", label="static split")
+    failed = [r for r in static if r.get("error")]
+    if failed:
+        ax.plot([r["prm_fraction"] for r in failed], [0] * len(failed), "x", color="tab:red", markersize=12,
+                label="cannot hold a sequence")
     for row in adaptive:
         marker, name = _MARKERS[row["policy"]]
         ax.plot([row["prm_fraction"]], [row["problems_per_s"]], marker, markersize=14,

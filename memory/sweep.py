@@ -47,6 +47,7 @@ from search.driver import run_search
 from search.prm import default_format_for, make_prm_format
 from search.prompts import PromptBuilder
 from tts_runtime.config import ConfigError, EngineConfig, SchedulerConfig, resolve_device, resolve_dtype
+from tts_runtime.engine.engine import RequestError
 from tts_runtime.models.loader import LoadedModel, load_model
 from tts_runtime.runtime import Runtime, profile_models
 
@@ -71,6 +72,7 @@ SWEEP_COLUMNS = (
     "preemptions",
     "peak_memory_bytes",  # GPU: torch peak allocated; CPU: process peak RSS (VmHWM)
     "chunks_moved",  # elastic: KV chunks moved between the models
+    "error",  # why the setting could not run the workload (a request larger than its pool); else empty
 )
 THESIS_BEST_SPLIT = 0.3
 
@@ -163,14 +165,20 @@ class _PeakMemory:
 
 def run_setting(setting: SweepSetting, models: SweepModels, problems: list[Problem], search: SearchConfig,
                 memory: MemoryConfig, engine_config: EngineConfig, workload: Workload) -> tuple[dict, dict]:
-    """One search at one memory setting: (sweep row, the runtime's memory metrics)."""
+    """One search at one memory setting: (sweep row, the runtime's memory metrics).
+
+    A setting whose pool cannot hold one of the workload's sequences (an extreme static
+    split on a tight budget) is a result, not a crash: its row has no throughput and says why."""
     config = replace(memory, policy=setting.policy, prm_fraction=setting.prm_fraction or memory.prm_fraction)
     peak = _PeakMemory(resolve_device(engine_config.device))
     peak.reset()
     runtime = Runtime(models.generator, models.prm, config, engine_config, workload=workload,
                       profiles=models.profiles)
     start = time.perf_counter()
-    results = run_search(runtime, problems, search)
+    try:
+        results, error = run_search(runtime, problems, search), ""
+    except RequestError as exc:
+        results, error = [], str(exc)
     seconds = time.perf_counter() - start
     metrics = runtime.memory_metrics()
     row = {
@@ -188,6 +196,7 @@ def run_setting(setting: SweepSetting, models: SweepModels, problems: list[Probl
     row["preemptions"] = row["generator_preemptions"] + row["prm_preemptions"]
     row["peak_memory_bytes"] = peak.read()
     row["chunks_moved"] = metrics["elastic"]["chunks_moved"] if metrics["elastic"] else 0
+    row["error"] = error
     runtime.shutdown()
     return row, metrics
 
@@ -227,7 +236,8 @@ def run_sweep(settings: list[SweepSetting], models: SweepModels, problems: list[
             gc.collect()  # the finished runtime's KV pool goes before the next one is built
             metrics.setdefault(setting.label, setting_metrics)
             echo(f"  {setting.label:<12} {row['problems_per_s']:.4f} problems/s  "
-                 f"thrash {row['generator_thrash']}/{row['prm_thrash']}  preemptions {row['preemptions']}")
+                 f"thrash {row['generator_thrash']}/{row['prm_thrash']}  preemptions {row['preemptions']}"
+                 + (f"  FAILED: {row['error']}" if row["error"] else ""))
             return row
         return run
 
@@ -245,7 +255,7 @@ def _median_row(runs: list[dict]) -> dict:
 
 def _summary(rows: list[dict]) -> dict:
     best = max(rows, key=lambda r: r["problems_per_s"])
-    static = [r for r in rows if r["policy"] == "static"]
+    static = [r for r in rows if r["policy"] == "static" and not r["error"]]
     summary = {"best": best["setting"], "best_problems_per_s": best["problems_per_s"]}
     if static:
         best_static = max(static, key=lambda r: r["problems_per_s"])
@@ -311,8 +321,9 @@ def write_markdown(result: SweepResult, header: dict, plots: list[Path], path: P
         f"iterations={header['search']['num_iterations']} step tokens={header['search']['max_step_tokens']}, "
         f"problem batch {header['search']['problem_batch']}; {header['repeats']} repeat(s), medians.", "",
         "```", format_table(rows), "```", "",
-        f"Best setting: **{summary['best']}** ({summary['best_problems_per_s']:.4f} problems/s).",
     ]
+    lines += [f"- {r['setting']} could not run the workload: {r['error']}" for r in rows if r["error"]]
+    lines += ["", f"Best setting: **{summary['best']}** ({summary['best_problems_per_s']:.4f} problems/s)."]
     if "best_static" in summary:
         lines.append(f"Best static split: **{summary['best_static_split']:.2f}** (thesis: {THESIS_BEST_SPLIT}).")
         for policy, target in (("elastic", 0.95), ("auto", 0.90)):

@@ -11,8 +11,8 @@ import math
 
 import pytest
 
-from evals.datasets import load_problems
-from evals.grading import extract_boxed, grade
+from evals.datasets import Problem, load_problems
+from evals.grading import extract_boxed, grade, majority_pick, weighted_pick
 from search import ScoreCache, SearchConfig, run_search
 from search.beam import refill
 from search.beams import Beam, split_steps
@@ -171,6 +171,15 @@ def test_steps_complete_on_their_token_cap(search_runtime, problems):
     assert all(beam.tokens == 6 for beam in result.beams)
 
 
+def test_steps_complete_on_eos(search_runtime):
+    # SmolLM2 answers this one in a single sentence and stops (greedy).
+    probe = Problem("probe/one-plus-one", "What is $1+1$?", "2", 1, None)
+    result, rec, _ = trace(search_runtime, probe, **SMALL, temperature=0.0)
+    assert len(rec.expanded) == 1
+    assert [beam.finish_reason for beam in result.beams] == ["eos"] * 4
+    assert all(len(beam.steps) == 1 and beam.tokens < 40 for beam in result.beams)
+
+
 @pytest.fixture(scope="module")
 def greedy_copies(search_runtime, problems):
     """Greedy decoding: every copy of a beam generates the same step as the original."""
@@ -267,6 +276,9 @@ def test_best_of_n_scores_every_step_of_n_samples(search_runtime, problems):
         assert record.tokens <= 48
     best = max(result.beams, key=lambda b: b.score)
     assert result.prediction == best.answer and math.isclose(result.score, best.score)
+    candidates = [(b.answer, b.score) for b in result.beams]
+    assert result.weighted_prediction == weighted_pick(candidates)
+    assert result.majority_prediction == majority_pick(candidates)
 
 
 def test_dvts_grows_independent_subtrees(search_runtime, problems):

@@ -278,7 +278,7 @@ def bench_search_command(
                         memory=_memory_config(device_memory, 0.3, "static"), rounds=rounds,
                         baseline=baseline, out_dir=out_dir)
     report = bench_search(bench, command=["tts", *sys.argv[1:]], log=console.print)
-    Console().print(report.markdown)
+    typer.echo(report.markdown)
 
 
 if __name__ == "__main__":
