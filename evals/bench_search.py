@@ -6,13 +6,13 @@ DESIGN.md §9: beam search n=4, M=4 on the first K MATH-500 problems). tts keeps
 time with HF `generate` and whole-sequence PRM forwards. With several rounds the sides
 alternate (tts, baseline, tts, baseline ...) and medians are reported, since the machine
 is shared and noisy. Model loading is outside the timings. Writes `search.json` and
-`search.md` (machine, versions, command, table) to the output folder.
+`search.md` (machine, versions, command, table) to `out_dir` (docs/benchmarks/).
 """
 
 from __future__ import annotations
 
 import json
-import statistics
+import shlex
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -20,8 +20,9 @@ from pathlib import Path
 from typing import Any
 
 from evals.baselines import HFModels, run_baseline
+from evals.bench import SideBySide
 from evals.datasets import Problem, load_problems
-from evals.environment import machine, versions
+from evals.environment import environment
 from evals.metrics import EngineCounters, RunCounters, accuracy, throughput
 from memory.split import MemoryConfig
 from search.config import SearchConfig
@@ -79,8 +80,11 @@ def _measure_baseline(models: HFModels, problems: Sequence[Problem], config: Sea
     return {**measured, "accuracy": accuracy(results)["accuracy"]}
 
 
-def _median(rounds: list[dict[str, Any]], key: str) -> float:
-    return statistics.median(measurement[key] for measurement in rounds)
+def _logged(log: Callable[[str], None], label: str, measure: Callable[[], dict]) -> Callable[[], dict]:
+    def run() -> dict:
+        log(f"running {label} ...")
+        return measure()
+    return run
 
 
 def bench_search(bench: SearchBench, *, command: Sequence[str],
@@ -89,27 +93,25 @@ def bench_search(bench: SearchBench, *, command: Sequence[str],
     problems = load_problems("math500", dataset_path=bench.dataset_path, limit=bench.limit)
     log(f"loading models for {len(problems)} problems ...")
     runtime = Runtime(bench.generator, bench.prm, memory=bench.memory)
-    models = HFModels.load(bench.generator, bench.prm) if bench.baseline else None
-    sides: dict[str, list[dict[str, Any]]] = {"tts": [], "baseline": []}
+    variants = {"tts": _logged(log, f"tts (problem batch {config.problem_batch})",
+                               lambda: _measure_tts(runtime, problems, config))}
+    if bench.baseline:
+        models = HFModels.load(bench.generator, bench.prm)
+        variants["baseline"] = _logged(log, "the plain HF baseline", lambda: _measure_baseline(models, problems, config))
+    rounds = SideBySide("search")
     try:
-        for round_index in range(bench.rounds):
-            log(f"round {round_index + 1}/{bench.rounds}: tts (problem batch {config.problem_batch})")
-            sides["tts"].append(_measure_tts(runtime, problems, config))
-            if models is not None:
-                log(f"round {round_index + 1}/{bench.rounds}: plain HF baseline")
-                sides["baseline"].append(_measure_baseline(models, problems, config))
+        rounds.run(variants, bench.rounds)
     finally:
         runtime.shutdown()
     data = {
         "benchmark": "search", "problems": len(problems), "rounds": bench.rounds,
         "config": config.to_dict(), "models": {"generator": bench.generator, "prm": bench.prm},
         "memory_plan": runtime.plan.to_dict(),
-        "machine": machine(runtime.generator.device), "versions": versions(), "command": list(command),
-        "median": {side: {key: _median(measurements, key) for key, _, _ in _ROWS}
-                   for side, measurements in sides.items() if measurements},
-        "rounds_data": sides,
+        **environment(runtime.generator.device), "command": list(command),
+        "median": {label: {key: rounds.median(label, key) for key, _, _ in _ROWS} for label in rounds.runs},
+        "rounds_data": rounds.runs,
     }
-    if sides["baseline"]:
+    if "baseline" in rounds.runs:
         data["ratio"] = {key: _ratio(data["median"]["tts"][key], data["median"]["baseline"][key])
                          for key in ("problems_per_min", "generator_tokens_per_s", "prm_tokens_per_s")}
     report = BenchReport(data, _markdown(data))
@@ -154,14 +156,13 @@ def _markdown(data: dict[str, Any]) -> str:
         f"{hits['generator']:.1%}, PRM {hits['prm']:.1%}; score-cache hit rate {cache['hit_rate']:.1%} "
         f"({cache['hits']} hits, {cache['misses']} misses). Last round.",
         "",
-        f"Machine: {data['machine']['cpu']} ({data['machine']['cpu_count']} CPUs, "
-        f"{data['machine']['torch_threads']} torch threads), device `{data['machine']['device']}`. "
-        f"Versions: " + ", ".join(f"{k} {v}" for k, v in data["versions"].items()) + ".",
+        "Machine: " + ", ".join(f"{k} {v}" for k, v in data["machine"].items() if v is not None) + ". "
+        "Versions: " + ", ".join(f"{k} {v}" for k, v in data["versions"].items()) + ".",
         "",
         "Re-run with:",
         "",
         "```",
-        " ".join(data["command"]),
+        shlex.join(data["command"]),
         "```",
         "",
     ]

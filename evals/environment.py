@@ -1,43 +1,24 @@
-"""The machine and software a run used, recorded beside every result."""
+"""The machine and software a run used: `evals.bench.machine_info` plus the tts version and
+the device the models ran on, split into `versions` and `machine`."""
 
 from __future__ import annotations
 
-import os
-import platform
-import sys
 from importlib import metadata
 from typing import Any
 
 import torch
 
+from evals.bench import machine_info
 
-def _version(package: str) -> str | None:
+
+def _tts_version() -> str | None:
     try:
-        return metadata.version(package)
+        return metadata.version("tts-runtime")
     except metadata.PackageNotFoundError:
         return None
 
 
-def _cpu_name() -> str:
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as cpuinfo:
-            for line in cpuinfo:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
-def versions() -> dict[str, str | None]:
-    return {"python": sys.version.split()[0], "torch": torch.__version__,
-            "transformers": _version("transformers"), "tts": _version("tts-runtime")}
-
-
-def machine(device: torch.device) -> dict[str, Any]:
-    info: dict[str, Any] = {"device": str(device), "platform": platform.platform(), "cpu": _cpu_name(),
-                            "cpu_count": os.cpu_count(),
-                            "torch_threads": torch.get_num_threads()}
-    if device.type == "cuda":
-        info["gpu"] = torch.cuda.get_device_name(device)
-    return info
+def environment(device: torch.device) -> dict[str, Any]:
+    facts = machine_info()
+    versions = {name: facts.pop(name) for name in ("python", "torch", "transformers")}
+    return {"versions": {**versions, "tts": _tts_version()}, "machine": {"device": str(device), **facts}}

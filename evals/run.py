@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from evals.datasets import Problem
-from evals.environment import machine, versions
+from evals.environment import environment
 from evals.metrics import RunCounters, run_metrics
 from evals.report import RunFolder
 from search.config import SearchConfig
@@ -39,8 +39,7 @@ def run_config(runtime: Runtime, config: SearchConfig, dataset: dict[str, Any],
         "dataset": dataset,
         "seeds": {"search": config.seed, "engine": runtime.engine_config.seed},
         "memory": {"config": vars(runtime.memory), "plan": runtime.plan.to_dict()},
-        "versions": versions(),
-        "machine": machine(runtime.generator.device),
+        **environment(runtime.generator.device),
         "command": list(command),
     }
 

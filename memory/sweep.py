@@ -99,7 +99,8 @@ def parse_splits(text: str) -> list[float]:
         else:
             splits = [float(x) for x in text.split(",") if x.strip()]
     except ValueError:
-        raise ConfigError(f"cannot read splits '{text}'; write start:stop:step (0.1:0.9:0.1) or a list (0.2,0.5)")
+        raise ConfigError(f"cannot read splits '{text}'; write start:stop:step (0.1:0.9:0.1) "
+                          "or a list (0.2,0.5)") from None
     bad = [s for s in splits if not 0 < s < 1]
     if not splits or bad:
         raise ConfigError(f"memory split must be in (0, 1), got {bad or text}")

@@ -8,6 +8,7 @@ import math
 import pytest
 import torch
 
+from memory.elastic import ElasticPolicy, Pressure
 from memory.pool import ChunkLayout, ElasticKVPool, MemberLayout
 from memory.profile import MemoryProfile, weight_bytes
 from memory.split import MemoryConfig, Workload, parse_size, plan_memory
@@ -214,3 +215,67 @@ def test_elastic_moves_chunks_to_the_starved_model_and_matches_static(generator_
     assert got[0] == expected[0]
     for scores, reference in zip(got[1], expected[1]):
         assert scores == pytest.approx(reference, abs=1e-5)
+
+
+# -- the elastic policy on scripted pressure -------------------------------------------
+def _pressure(owned: int, *, work: bool = True, free: int = 0, waiting: int = 0, progress: int = 1,
+              preemptions: int = 0, stalls: int = 0, thrash: int = 0) -> Pressure:
+    return Pressure(work, owned, free, waiting, progress, preemptions, stalls, thrash)
+
+
+def _policy() -> tuple[ElasticPolicy, ElasticKVPool, BlockManager, BlockManager]:
+    pool, a, b = _pool()  # a owns chunks 0-1 (4 blocks), b owns 2-3 (6 blocks), all free
+    return ElasticPolicy(pool), pool, a, b
+
+
+def _no_yield():
+    raise AssertionError("no model should have to yield")
+
+
+def test_policy_moves_to_the_hard_starved_model_but_keeps_the_donors_needs():
+    policy, pool, _, _ = _policy()
+    calm = {"a": _pressure(4, free=4), "b": _pressure(6, free=6)}
+    assert policy.rebalance(calm, 0, {}) == {"a", "b"} and pool.moves == []
+    # a preempted and 5 blocks wait with 1 free: it wants 4 blocks = 2 chunks; b, busy
+    # with 2 blocks held and 1 waiting, keeps 3 blocks: one of its two chunks.
+    starved = {"a": _pressure(4, free=1, waiting=5, preemptions=1), "b": _pressure(6, free=4, waiting=1)}
+    policy.rebalance(starved, 1, {})
+    assert [(m.donor, m.receiver, len(m.chunks)) for m in pool.moves] == [("b", "a", 1)]
+    assert "starved: a" in pool.moves[0].reason and pool.num_blocks_of("a") == 6
+
+
+def test_policy_moves_on_thrash_only_while_the_receiver_loses_clearly_more():
+    policy, pool, _, _ = _policy()
+    policy.rebalance({"a": _pressure(4, free=4), "b": _pressure(6, free=6, work=False)}, 0, {})
+    policy.rebalance({"a": _pressure(4, free=4, thrash=3), "b": _pressure(6, free=6, work=False)}, 1, {})
+    assert [(m.receiver, len(m.chunks)) for m in pool.moves] == [("a", 2)]  # 3 blocks -> 2 chunks of 2
+    assert pool.moves[0].reason.startswith("thrash: a recomputed 3")
+    # b loses 4 blocks, not 1.5x a's recent 3: nothing moves back (no sloshing).
+    policy.rebalance({"a": _pressure(8, free=8, thrash=3), "b": _pressure(0, work=False, thrash=4)}, 2, {})
+    assert len(pool.moves) == 1
+    # b loses 3 more: now clearly the worse off, it gets one chunk (3 of its blocks) back.
+    policy.rebalance({"a": _pressure(8, free=8, thrash=3), "b": _pressure(0, work=False, thrash=7)}, 3, {})
+    assert [(m.receiver, len(m.chunks)) for m in pool.moves] == [("a", 2), ("b", 1)]
+
+
+def test_policy_guarantees_progress_and_breaks_a_deadlock_by_preemption():
+    policy, pool, _, _ = _policy()
+    # b's largest sequence needs 8 blocks and b owns 6: it takes a's free chunk(s).
+    runnable = policy.rebalance({"a": _pressure(4, free=4, work=False, progress=0),
+                                 "b": _pressure(6, free=6, progress=8)}, 0, {"a": _no_yield, "b": _no_yield})
+    assert runnable == {"b"} and pool.num_blocks_of("b") >= 8
+    assert pool.moves[0].reason.startswith("progress: b needs 8 blocks")
+    policy, pool, a, b = _policy()
+    held_a, held_b = a.allocate(4), b.allocate(6)  # everything in use: nothing can move
+    yielded = []
+
+    def yield_a() -> Pressure:
+        a.free(held_a)
+        yielded.append("a")
+        return _pressure(4, free=4, progress=3)
+
+    runnable = policy.rebalance({"a": _pressure(4, progress=5), "b": _pressure(6, progress=7)}, 0,
+                                {"a": yield_a, "b": _no_yield})
+    assert yielded == ["a"] and runnable == {"b"} and pool.num_blocks_of("b") == 9
+    assert "neither model could step; a preempted" in pool.moves[-1].reason
+    b.free(held_b)

@@ -20,8 +20,6 @@ from search.driver import solve
 from search.session import SearchSession
 from tts_runtime.config import ConfigError
 
-pytestmark = pytest.mark.slow
-
 SMALL = dict(n=4, beam_width=2, num_iterations=2, max_step_tokens=40)
 
 
@@ -116,10 +114,11 @@ def test_child_completion_rules():
 
 @pytest.fixture(scope="module")
 def sampled_beam(search_runtime, problems):
-    return trace(search_runtime, problems[0], **{**SMALL, "num_iterations": 3, "max_step_tokens": 64,
+    return trace(search_runtime, problems[0], **{**SMALL, "num_iterations": 3, "max_step_tokens": 48,
                                                    "temperature": 0.8, "seed": 1})
 
 
+@pytest.mark.slow
 def test_beam_search_keeps_n_beams_and_refills_from_the_top(sampled_beam):
     result, rec, _ = sampled_beam
     config = rec.config
@@ -137,6 +136,7 @@ def test_beam_search_keeps_n_beams_and_refills_from_the_top(sampled_beam):
         assert len({id(beam) for beam in rec.expanded[iteration][0]}) == len(best)
 
 
+@pytest.mark.slow
 def test_beam_search_scores_every_step_and_grows_one_step_per_iteration(sampled_beam):
     _, rec, _ = sampled_beam
     for (parents, _), children in zip(rec.expanded, rec.children):
@@ -149,6 +149,7 @@ def test_beam_search_scores_every_step_and_grows_one_step_per_iteration(sampled_
             assert child.step_scores[:-1] == parent.step_scores[:len(child.step_scores) - 1]
 
 
+@pytest.mark.slow
 def test_beam_search_final_pick_is_best_completed_beam(sampled_beam, problems):
     result, rec, _ = sampled_beam
     completed = [beam for scored in rec.scored for beam in scored if beam.completed]
@@ -164,6 +165,7 @@ def test_beam_search_final_pick_is_best_completed_beam(sampled_beam, problems):
     assert result.beams == sorted(result.beams, key=lambda b: b.score, reverse=True)
 
 
+@pytest.mark.slow
 def test_steps_complete_on_their_token_cap(search_runtime, problems):
     result, rec, _ = trace(search_runtime, problems[0], **{**SMALL, "max_step_tokens": 6, "temperature": 0.0})
     assert len(rec.expanded) == 1, "every beam completed at the first step, so the search stops"
@@ -171,6 +173,7 @@ def test_steps_complete_on_their_token_cap(search_runtime, problems):
     assert all(beam.tokens == 6 for beam in result.beams)
 
 
+@pytest.mark.slow
 def test_steps_complete_on_eos(search_runtime):
     # SmolLM2 answers this one in a single sentence and stops (greedy).
     probe = Problem("probe/one-plus-one", "What is $1+1$?", "2", 1, None)
@@ -178,6 +181,16 @@ def test_steps_complete_on_eos(search_runtime):
     assert len(rec.expanded) == 1
     assert [beam.finish_reason for beam in result.beams] == ["eos"] * 4
     assert all(len(beam.steps) == 1 and beam.tokens < 40 for beam in result.beams)
+
+
+@pytest.mark.slow
+def test_eos_sampling_lets_the_last_iteration_run_past_step_ends(search_runtime, problems):
+    # One iteration, so it is the last: no stop at "\n\n", the whole-solution cap applies.
+    result, _, _ = trace(search_runtime, problems[0], **{**SMALL, "num_iterations": 1, "max_step_tokens": 8},
+                         max_tokens=40, eos_sampling=True, temperature=0.0)
+    for beam in result.beams:
+        assert beam.finish_reason in ("eos", "length")
+        assert beam.tokens == 40 and len(beam.steps) >= 2
 
 
 @pytest.fixture(scope="module")
@@ -189,6 +202,7 @@ def greedy_copies(search_runtime, problems):
     return result, rec, cache, search_runtime.prm.stats.scored_positions - before
 
 
+@pytest.mark.slow
 def test_duplicates_are_kept_without_the_filter(greedy_copies):
     _, rec, _, _ = greedy_copies
     assert len(rec.expanded) == 2
@@ -197,6 +211,7 @@ def test_duplicates_are_kept_without_the_filter(greedy_copies):
     assert len({id(beam) for beam in second}) == 2  # the top two copies, each refilled twice
 
 
+@pytest.mark.slow
 def test_duplicates_are_dropped_with_the_filter(search_runtime, problems):
     _, rec, _ = trace(search_runtime, problems[0], **SMALL, temperature=0.0, filter_duplicates=True)
     first = rec.scored[0]
@@ -206,6 +221,7 @@ def test_duplicates_are_dropped_with_the_filter(search_runtime, problems):
     assert second[0] is first[0]
 
 
+@pytest.mark.slow
 def test_score_cache_answers_copied_beams(greedy_copies):
     result, rec, cache, prm_requests = greedy_copies
     lookups = sum(len(beam.steps) for scored in rec.scored for beam in scored)
@@ -233,6 +249,7 @@ def batched_runs(search_runtime, problems):
     return runs
 
 
+@pytest.mark.slow
 def test_problem_batching_fills_the_generator_batches(batched_runs):
     one, two = batched_runs[1][1], batched_runs[2][1]
     assert max(one) <= 4  # one problem: its 4 beams at most
@@ -241,6 +258,7 @@ def test_problem_batching_fills_the_generator_batches(batched_runs):
     assert len(two) < len(one)
 
 
+@pytest.mark.slow
 def test_problem_results_do_not_depend_on_batch_company(batched_runs, problems):
     alone, together = batched_runs[1][0], batched_runs[2][0]
     assert [r.id for r in alone] == [r.id for r in together] == [p.id for p in problems[:2]]
@@ -252,6 +270,7 @@ def test_problem_results_do_not_depend_on_batch_company(batched_runs, problems):
             assert x.step_scores == pytest.approx(y.step_scores, rel=1e-5)
 
 
+@pytest.mark.slow
 def test_driver_reports_each_problem_and_frees_its_cache(batched_runs):
     for results, _, cache, finished in batched_runs.values():
         assert sorted(r.id for r in finished) == sorted(r.id for r in results)
@@ -261,6 +280,7 @@ def test_driver_reports_each_problem_and_frees_its_cache(batched_runs):
 
 # -- best-of-N and DVTS ------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_best_of_n_scores_every_step_of_n_samples(search_runtime, problems):
     result, rec, session = trace(search_runtime, problems[1], method="bon", n=4, max_tokens=48,
                                  temperature=0.8)
@@ -281,6 +301,7 @@ def test_best_of_n_scores_every_step_of_n_samples(search_runtime, problems):
     assert result.majority_prediction == majority_pick(candidates)
 
 
+@pytest.mark.slow
 def test_dvts_grows_independent_subtrees(search_runtime, problems):
     result, rec, _ = trace(search_runtime, problems[1], method="dvts", **SMALL, temperature=0.8)
     keep, width = rec.config.keep, rec.config.beam_width
@@ -303,6 +324,7 @@ def test_dvts_grows_independent_subtrees(search_runtime, problems):
 
 # -- the plain baseline ------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_hf_baseline_makes_the_same_greedy_search(search_runtime, problems):
     from evals.baselines import HFModels, run_baseline
 

@@ -149,7 +149,8 @@ def _run_search_command(config: SearchConfig, selection: dict, generator: str, p
     runtime = Runtime(generator, prm, memory=memory, engine_config=EngineConfig(device=device))
     try:
         folder.write_config(run_config(runtime, config, selection, sys.argv))
-        with _SearchProgress(runtime, len(problems)) as progress:
+        finished = {result.id for result in folder.finished_results()}
+        with _SearchProgress(runtime, sum(problem.id not in finished for problem in problems)) as progress:
             outcome = run_into_folder(runtime, problems, config, folder, on_result=progress.advance)
     except KeyboardInterrupt:
         console.print(f"interrupted: finished problems are in {folder.path}; continue with --resume "
@@ -175,6 +176,8 @@ class _Rate(ProgressColumn):
 
 
 class _SearchProgress:
+    """Problems this session still has to solve, accuracy so far, live problems/s and tokens/s."""
+
     def __init__(self, runtime, total: int) -> None:
         self.correct = 0
         self.done = 0
@@ -270,13 +273,14 @@ def bench_search_command(
     baseline: Annotated[bool, typer.Option(help="Also run the plain HF baseline.")] = True,
     out_dir: Annotated[Path, typer.Option(help="Where search.json and search.md go.")] = Path("docs/benchmarks"),
 ) -> None:
-    """Beam search, tts vs the plain HF baseline, side by side on the first N MATH-500 problems."""
+    """Beam search, tts vs the plain HF baseline, side by side on the first N MATH-500 problems
+    (writes search.json and search.md to --out-dir)."""
     config = SearchConfig(method="beam", n=n, beam_width=beam_width, num_iterations=num_iterations,
                           max_step_tokens=max_step_tokens, problem_batch=problem_batch, seed=seed,
                           prm_format=prm_format)
     bench = SearchBench(config=config, limit=limit, generator=generator, prm=prm, dataset_path=dataset_path,
-                        memory=_memory_config(device_memory, 0.3, "static"), rounds=rounds,
-                        baseline=baseline, out_dir=out_dir)
+                        memory=_memory_config(device_memory, 0.3, "static"), rounds=rounds, baseline=baseline,
+                        out_dir=out_dir)
     report = bench_search(bench, command=["tts", *sys.argv[1:]], log=console.print)
     typer.echo(report.markdown)
 
