@@ -25,7 +25,9 @@ from evals.bench_search import SearchBench, bench_search
 from evals.datasets import load_problems
 from evals.report import RunFolder
 from evals.run import run_config, run_into_folder
+from memory.report import profile_command
 from memory.split import MemoryConfig, parse_size
+from memory.sweep import sweep_memory
 from search.config import SearchConfig
 from tts_runtime.config import ConfigError, EngineConfig, resolve_device
 from tts_runtime.models.registry import ALIASES, BUILTIN_CONFIGS, resolve
@@ -283,6 +285,38 @@ def bench_search_command(
                         out_dir=out_dir)
     report = bench_search(bench, command=["tts", *sys.argv[1:]], log=console.print)
     typer.echo(report.markdown)
+
+
+@command(bench_app, "engine")
+def bench_engine_command(
+    num_prompts: Annotated[int, typer.Option(help="Generate workload: prompts.")] = 64,
+    new_tokens: Annotated[int, typer.Option(help="Generate workload: new tokens per prompt.")] = 128,
+    beams: Annotated[int, typer.Option(help="Score workload: beams.")] = 16,
+    steps: Annotated[int, typer.Option(help="Score workload: steps per beam.")] = 8,
+    repeats: Annotated[int, typer.Option(help="Alternating repetitions; medians reported.")] = 3,
+) -> None:
+    """Engine vs HF transformers: generate tokens/s and PRM scoring (writes engine.json/md)."""
+    from evals.bench_engine import EngineBenchConfig, run_engine_bench
+
+    config = EngineBenchConfig(num_prompts=num_prompts, new_tokens=new_tokens, beams=beams, steps=steps,
+                               repeats=repeats)
+    typer.echo(run_engine_bench(config, shlex.join(["tts", *sys.argv[1:]])))
+
+
+@command(bench_app, "gpu")
+def bench_gpu_command(
+    search_limit: Annotated[int, typer.Option(help="MATH-500 problems for the search part (0 skips it).")] = 50,
+    repeats: Annotated[int, typer.Option(help="Alternating repetitions; medians reported.")] = 3,
+) -> None:
+    """Seed-model shapes on dummy weights vs HF and the roofline; needs CUDA (writes gpu.json/md)."""
+    from evals.bench_gpu import GpuBenchConfig, run_gpu_bench
+
+    config = GpuBenchConfig(search_limit=search_limit, repeats=repeats)
+    typer.echo(run_gpu_bench(config, shlex.join(["tts", *sys.argv[1:]])))
+
+
+command(app, "sweep-memory")(sweep_memory)
+command(models_app, "profile")(profile_command)
 
 
 if __name__ == "__main__":
