@@ -134,8 +134,9 @@ class ElasticKVPool:
         return len(self.chunks_of(member)) * self.layout.members[member].blocks_per_chunk
 
     # -- moving chunks ---------------------------------------------------------------
-    def movable_chunks(self, member: str) -> list[int]:
-        """Chunks `member` could give away now, best candidates first."""
+    def movable_chunks(self, member: str, allow_cached: bool = True) -> list[int]:
+        """Chunks `member` could give away now, best candidates first; with
+        `allow_cached=False` only chunks holding no cached block (memory it does not use)."""
         pool = self._pools[member]
         recency = {b: rank for rank, b in enumerate(pool.cached_free_blocks())}  # 0 = oldest
         candidates = []
@@ -144,12 +145,15 @@ class ElasticKVPool:
             if any(pool.ref_count(b) for b in blocks):
                 continue
             cached = [recency[b] for b in blocks if b in recency]
+            if cached and not allow_cached:
+                continue
             candidates.append(((bool(cached), max(cached, default=-1), -chunk), chunk))
         return [chunk for _, chunk in sorted(candidates)]
 
-    def move(self, donor: str, receiver: str, count: int, step: int, reason: str) -> ChunkMove | None:
+    def move(self, donor: str, receiver: str, count: int, step: int, reason: str,
+             allow_cached: bool = True) -> ChunkMove | None:
         """Move up to `count` free chunks from donor to receiver; None if none could move."""
-        chunks = tuple(self.movable_chunks(donor)[:max(count, 0)])
+        chunks = tuple(self.movable_chunks(donor, allow_cached)[:max(count, 0)])
         if not chunks:
             return None
         evicted = 0

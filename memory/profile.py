@@ -30,7 +30,7 @@ import torch
 GiB = 1 << 30
 MiB = 1 << 20
 # Bump when what a profile measures changes, so cached profiles are not reused.
-PROFILE_VERSION = 2
+PROFILE_VERSION = 3
 
 
 @dataclass(frozen=True)
@@ -44,6 +44,9 @@ class MemoryProfile:
     block_size: int
     profiled_tokens: int  # tokens in the profiling forward (max batched tokens)
     method: str  # how activations and non-torch memory were measured
+    # 2 x parameters outside the embedding and output tables: the cost of recomputing one
+    # prompt token (a recomputed prefix never reaches the output layer).
+    flops_per_token: int
 
     @property
     def kv_bytes_per_token_per_layer(self) -> int:
@@ -103,7 +106,7 @@ def _measure_cpu(forward: Callable[[], None]) -> int:
 
 def profile_model(model: str, module: torch.nn.Module, kv_bytes_per_token: int, num_layers: int,
                   block_size: int, profiled_tokens: int, forward: Callable[[], None],
-                  device: torch.device, non_torch: Callable[[], int | None]) -> MemoryProfile:
+                  device: torch.device, non_torch: Callable[[], int | None], flops_per_token: int) -> MemoryProfile:
     """Profile one loaded model. `forward` is its profiling forward (set up by the caller);
     `non_torch()` reads the device memory torch does not hold, after the forward (None on
     a CPU, whose budget is a stand-in that the process itself is outside of)."""
@@ -115,7 +118,7 @@ def profile_model(model: str, module: torch.nn.Module, kv_bytes_per_token: int, 
     return MemoryProfile(model=model, weights_bytes=weight_bytes(module), activation_bytes=activations,
                          non_torch_bytes=outside or 0, kv_bytes_per_token=kv_bytes_per_token,
                          num_layers=num_layers, block_size=block_size, profiled_tokens=profiled_tokens,
-                         method=method)
+                         method=method, flops_per_token=flops_per_token)
 
 
 @dataclass(frozen=True)

@@ -343,8 +343,9 @@ def write_markdown(result: SweepResult, header: dict, plots: list[Path], path: P
 
 
 def _command_line() -> str:
+    """The command as a user re-runs it (`tts sweep-memory ...`), however it was started."""
     argv = sys.argv
-    return shlex.join(["tts", *argv[1:]] if Path(argv[0]).name == "tts" else argv)
+    return shlex.join(["tts", *argv[1:]] if Path(argv[0]).name == "tts" else ["tts", "sweep-memory", *argv[1:]])
 
 
 def sweep_memory(

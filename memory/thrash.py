@@ -7,8 +7,10 @@ is the number of blocks allocated between that hash's computation and the re-mis
 a hash thrashed more than once, since its latest computation); compared with the
 model's pool size it says how much more cache would have kept the block.
 
-A miss on a hash still cached (the chain broke at an earlier, evicted block) is not
-counted again: the earlier block's event already stands for that lost prefix.
+An eviction is counted once, at its first re-miss: a sequence whose admission is
+refused for lack of blocks looks its prefix up again every step, and those retries are
+not further recomputes. A miss on a hash still cached (the chain broke at an earlier,
+evicted block) is not counted either: the earlier block's event stands for that prefix.
 
 The per-step timeline (blocks in use / cached-but-free / free per step) is sampled by
 the runtime, which knows when a step ends.
@@ -56,7 +58,7 @@ class ThrashTracker:
 
     def __post_init__(self) -> None:
         self._computed_at: dict[int, int] = {}  # hash -> allocation count when computed
-        self._cached: set[int] = set()  # hashes held by a block now
+        self._evicted: set[int] = set()  # computed, evicted, not missed since
 
     def __call__(self, event: BlockEvent) -> None:
         kind, block_hash = event.kind, event.block_hash
@@ -64,15 +66,16 @@ class ThrashTracker:
             self.allocations += 1
         elif kind == "cached":
             self._computed_at[block_hash] = self.allocations
-            self._cached.add(block_hash)
+            self._evicted.discard(block_hash)
         elif kind == "evict":
             self.evictions += 1
-            self._cached.discard(block_hash)
+            self._evicted.add(block_hash)
         elif kind == "hit":
             self.hits += 1
         elif kind == "miss":
             self.misses += 1
-            if block_hash in self._computed_at and block_hash not in self._cached:
+            if block_hash in self._evicted:
+                self._evicted.remove(block_hash)
                 self.thrash_events += 1
                 self.reuse_distances.append(self.allocations - self._computed_at[block_hash])
 

@@ -27,7 +27,7 @@ def profiles(generator_model, prm_model):
 
 
 def _fake_profile(name: str, kv_per_token: int, weights: int = 100 << 20, activations: int = 10 << 20) -> MemoryProfile:
-    return MemoryProfile(name, weights, activations, 0, kv_per_token, 8, 16, 128, "test")
+    return MemoryProfile(name, weights, activations, 0, kv_per_token, 8, 16, 128, "test", 10 ** 8)
 
 
 # -- profiles and static splits ------------------------------------------------------
@@ -225,23 +225,31 @@ def _pressure(owned: int, *, work: bool = True, free: int = 0, waiting: int = 0,
 
 def _policy() -> tuple[ElasticPolicy, ElasticKVPool, BlockManager, BlockManager]:
     pool, a, b = _pool()  # a owns chunks 0-1 (4 blocks), b owns 2-3 (6 blocks), all free
-    return ElasticPolicy(pool), pool, a, b
+    return ElasticPolicy(pool, {"a": 1.0, "b": 1.0}), pool, a, b
 
 
 def _no_yield():
     raise AssertionError("no model should have to yield")
 
 
-def test_policy_moves_to_the_hard_starved_model_but_keeps_the_donors_needs():
-    policy, pool, _, _ = _policy()
+def test_policy_gives_a_starved_model_the_donors_unused_chunks_only():
+    policy, pool, a, b = _policy()
     calm = {"a": _pressure(4, free=4), "b": _pressure(6, free=6)}
     assert policy.rebalance(calm, 0, {}) == {"a", "b"} and pool.moves == []
-    # a preempted and 5 blocks wait with 1 free: it wants 4 blocks = 2 chunks; b, busy
-    # with 2 blocks held and 1 waiting, keeps 3 blocks: one of its two chunks.
-    starved = {"a": _pressure(4, free=1, waiting=5, preemptions=1), "b": _pressure(6, free=4, waiting=1)}
+    # a preempted and 5 blocks wait with 1 free: it wants 4 blocks = 2 chunks; b, idle,
+    # could give both, but one holds a cached prefix: a starvation move leaves that one.
+    b.register_full_block(b.allocate(1)[0], ROOT_HASH, (1, 2, 3, 4))
+    b.free([6])
+    starved = {"a": _pressure(4, free=1, waiting=5, preemptions=1), "b": _pressure(6, free=6, work=False)}
     policy.rebalance(starved, 1, {})
-    assert [(m.donor, m.receiver, len(m.chunks)) for m in pool.moves] == [("b", "a", 1)]
+    assert [(m.donor, m.receiver, m.chunks, m.evicted_blocks) for m in pool.moves] == [("b", "a", (3,), 0)]
     assert "starved: a" in pool.moves[0].reason and pool.num_blocks_of("a") == 6
+    # A busy donor keeps what its running and waiting sequences hold.
+    policy, pool, _, _ = _policy()
+    policy.rebalance(calm, 0, {})
+    busy = {"a": _pressure(4, free=1, waiting=5, stalls=1), "b": _pressure(6, free=2, waiting=1)}
+    policy.rebalance(busy, 1, {})
+    assert pool.moves == []  # b holds 4 and waits for 1: it needs both of its chunks
 
 
 def test_policy_moves_on_thrash_only_while_the_receiver_loses_clearly_more():

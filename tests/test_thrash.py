@@ -99,3 +99,14 @@ def test_engine_prefix_cache_thrash_is_counted_exactly(generator_model):
     roomy.add_block_listener(tracker)
     _score_in_turn(roomy, [a, b, c, a])
     assert tracker.thrash_events == 0 and tracker.evictions == 0 and tracker.hits == 2
+
+
+def test_lookup_retries_before_the_recompute_count_once():
+    """A refused admission looks its prefix up again every step: one lost block, one event."""
+    tracker = ThrashTracker()
+    bm = BlockManager(num_blocks=1, block_size=4, listeners=[tracker])
+    bm.free(_fill(bm, [1, 2, 3, 4]))
+    bm.free(_fill(bm, [5, 6, 7, 8]))  # evicts the first block
+    for _ in range(3):
+        assert _lookup(bm, [1, 2, 3, 4]) == []
+    assert tracker.misses == 3 and tracker.thrash_events == 1

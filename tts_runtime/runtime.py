@@ -63,9 +63,12 @@ def profile_one(loaded: LoadedModel, role: EngineRole, config: EngineConfig,
         return cached
     forward = profiling_forward(loaded, tokens, config.scheduler.max_num_seqs, role, config.cache.block_size,
                                 config.attention_backend)
-    profile = profile_model(loaded.name, loaded.model, loaded.arch.kv_bytes_per_token(weight.element_size()),
-                            loaded.arch.num_layers, config.cache.block_size, tokens, forward, weight.device,
-                            lambda: device_memory_info(weight.device).non_torch)
+    arch = loaded.arch
+    tables = arch.vocab_size * arch.hidden_size * (1 if arch.tie_word_embeddings else 2)
+    profile = profile_model(loaded.name, loaded.model, arch.kv_bytes_per_token(weight.element_size()),
+                            arch.num_layers, config.cache.block_size, tokens, forward, weight.device,
+                            lambda: device_memory_info(weight.device).non_torch,
+                            flops_per_token=2 * (arch.num_parameters() - tables))
     if cache is not None:
         cache.put(key, profile)
     return profile
@@ -114,7 +117,9 @@ class Runtime:
                               kv=self._shared_kv(PRM, prm_loaded, dtypes[1]))
             self.pool.attach(GENERATOR, self.generator.blocks)
             self.pool.attach(PRM, self.prm.blocks)
-            self.elastic = ElasticPolicy(self.pool)
+            block = self.engine_config.cache.block_size
+            self.elastic = ElasticPolicy(self.pool, {GENERATOR: self.profiles[0].flops_per_token * block,
+                                                     PRM: self.profiles[1].flops_per_token * block})
         else:
             self.generator = Engine(gen_spec, self.engine_config, loaded=gen_loaded,
                                     num_blocks=self.plan.generator_blocks)
