@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import pytest
+import torch
 
 from tts_runtime import CacheConfig, ConfigError, Engine, EngineConfig, SamplingParams, ScoreParams
+from tts_runtime.engine.attention import group_by_length
 from tts_runtime.models.registry import resolve
 
 MATH = ("A bakery sells muffins for $3 each and cookies for $2 each. Maria buys 4 muffins and "
@@ -120,3 +122,26 @@ def test_snapshot_reports_prefix_hits_and_pool_occupancy(generator_model, prompt
     assert second["prefix_queries"] == first["prefix_queries"] + full
     assert second["cached_prompt_tokens"] == full * engine.block_size
     assert second["computed_tokens"] - first["computed_tokens"] == len(prompt) - full * engine.block_size + 3
+
+
+def test_decode_groups_cover_each_sequence_once_within_the_padding_bound():
+    lens = torch.tensor([300, 40, 41, 120, 299, 45, 118, 7], dtype=torch.int32)
+    tables = torch.arange(8 * 19, dtype=torch.int32).view(8, 19)
+    groups = group_by_length(lens, tables, block_size=16)
+    rows = torch.cat([g.rows for g in groups]).tolist()
+    assert sorted(rows) == list(range(8)) and len(groups) == 4
+    for g in groups:
+        assert g.max_len == int(g.context_lens.max()) and g.block_tables.shape[1] == -(-g.max_len // 16)
+        assert g.max_len * len(g.rows) <= 1.1 * int(g.context_lens.sum())
+        assert torch.equal(g.block_tables, tables[g.rows, : g.block_tables.shape[1]])
+
+
+def test_length_grouped_decodes_match_one_padded_batch(generator_model, prompt):
+    # Prompts from 20 to 120+ tokens: several length groups in every decode step.
+    prompts = [prompt[:20], prompt, prompt[:45], prompt + prompt[5:], prompt[:30]]
+    greedy = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    outputs = {}
+    for grouped in (True, False):
+        engine = Engine(generator_model.name, EngineConfig(group_decodes_by_length=grouped), loaded=generator_model)
+        outputs[grouped] = [o.completions[0].token_ids for o in engine.generate(prompts, greedy)]
+    assert outputs[True] == outputs[False]

@@ -45,6 +45,9 @@ class EngineConfig:
     device: str = "auto"  # "auto", "cpu", "cuda", "cuda:1", ...
     attention_backend: str = "auto"  # "auto", "torch", "triton"
     seed: int = 0
+    # Torch backend: run decodes in groups of similar context length rather than padding
+    # the whole batch to its longest context.
+    group_decodes_by_length: bool = True
     # GPU execution switches, honoured on CUDA only (the CPU path stays the eager reference):
     # replay decode steps from CUDA graphs captured at padded batch sizes (triton backend),
     # and run RMSNorm, rotary embedding and the gated activation as fused Triton kernels.

@@ -13,6 +13,7 @@ positions ``context_len - query_len ... context_len - 1``.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Protocol
 
 import torch
@@ -36,6 +37,48 @@ class AttentionMetadata:
     @property
     def num_prefills(self) -> int:
         return len(self.prefill_query_lens)
+
+    @cached_property
+    def decode_length_groups(self) -> list[DecodeGroup]:
+        """The decodes split into runs of similar context length, for backends that pad a
+        decode batch to its longest context. Computed once per batch, shared by all layers."""
+        return group_by_length(self.decode_context_lens, self.decode_block_tables, self.block_size)
+
+
+@dataclass(frozen=True)
+class DecodeGroup:
+    rows: torch.Tensor  # [n] int64: the group's rows among the decodes
+    block_tables: torch.Tensor  # [n, blocks covering max_len]
+    context_lens: torch.Tensor  # [n]
+    max_len: int
+
+
+# A group grows while its padded size stays within this factor of its real tokens: past
+# ~1.1 the padding costs more than another group's per-layer launch overhead.
+_GROUP_PADDING = 1.1
+
+
+def group_by_length(context_lens: torch.Tensor, block_tables: torch.Tensor, block_size: int) -> list[DecodeGroup]:
+    order = torch.argsort(context_lens, descending=True, stable=True)
+    lengths = context_lens[order].tolist()
+    groups, start = [], 0
+    while start < len(lengths):
+        longest, end, total = lengths[start], start + 1, lengths[start]
+        while end < len(lengths) and longest * (end + 1 - start) <= _GROUP_PADDING * (total + lengths[end]):
+            total += lengths[end]
+            end += 1
+        rows = order[start:end]
+        groups.append(DecodeGroup(rows, block_tables[rows, : -(-longest // block_size)], context_lens[rows],
+                                  longest))
+        start = end
+    return groups
+
+
+def whole_decode_batch(meta: AttentionMetadata) -> DecodeGroup:
+    longest = int(meta.decode_context_lens.max())
+    rows = torch.arange(meta.num_decodes, device=meta.decode_context_lens.device)
+    return DecodeGroup(rows, meta.decode_block_tables[:, : -(-longest // meta.block_size)],
+                       meta.decode_context_lens, longest)
 
 
 class AttentionBackend(Protocol):
@@ -86,9 +129,17 @@ def gather_kv(cache: torch.Tensor, block_tables: torch.Tensor, num_tokens: int) 
 
 
 class TorchAttention:
-    """Reference backend for CPU and for testing GPU kernels against."""
+    """Reference backend for CPU and for testing GPU kernels against.
+
+    Decodes are padded to a common context length and gathered out of the paged cache;
+    with `group_decodes_by_length` they run in groups of similar length instead of one
+    batch padded to the longest (on a batch of mixed prompt lengths the gather and the
+    attention over padding dominate a CPU decode step)."""
 
     name = "torch"
+
+    def __init__(self, group_decodes_by_length: bool = True) -> None:
+        self.group_decodes_by_length = group_decodes_by_length
 
     def store_kv(self, key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor,
                  v_cache: torch.Tensor, slot_mapping: torch.Tensor) -> None:
@@ -107,7 +158,10 @@ class TorchAttention:
         out = torch.empty_like(query)
         nd = meta.num_decodes
         if nd:
-            out[:nd] = self._decode(query[:nd], k_cache, v_cache, meta, scale, sliding_window, softcap)
+            groups = meta.decode_length_groups if self.group_decodes_by_length else [whole_decode_batch(meta)]
+            for group in groups:
+                out[group.rows] = self._decode(query[group.rows], k_cache, v_cache, group, scale,
+                                               sliding_window, softcap)
         for i in range(meta.num_prefills):
             start, qlen = meta.prefill_query_starts[i], meta.prefill_query_lens[i]
             ctx = meta.prefill_context_lens[i]
@@ -122,12 +176,10 @@ class TorchAttention:
             out[start: start + qlen] = _masked_attention(q, k, v, mask, scale, softcap)[0].transpose(0, 1)
         return out
 
-    def _decode(self, query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                meta: AttentionMetadata, scale: float, sliding_window: int | None,
-                softcap: float | None) -> torch.Tensor:
-        lens = meta.decode_context_lens.to(query.device)
-        max_len = int(lens.max())
-        table = meta.decode_block_tables[:, : -(-max_len // meta.block_size)]
+    @staticmethod
+    def _decode(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, group: DecodeGroup,
+                scale: float, sliding_window: int | None, softcap: float | None) -> torch.Tensor:
+        table, lens, max_len = group.block_tables, group.context_lens, group.max_len
         k = gather_kv(k_cache, table, max_len)
         v = gather_kv(v_cache, table, max_len)
         positions = (lens - 1).long().unsqueeze(1)
@@ -137,11 +189,11 @@ class TorchAttention:
         return _masked_attention(q, k, v, mask, scale, softcap).squeeze(2)
 
 
-def select_backend(name: str, device: torch.device) -> AttentionBackend:
+def select_backend(name: str, device: torch.device, group_decodes_by_length: bool = True) -> AttentionBackend:
     if name == "auto":
         name = "triton" if device.type == "cuda" else "torch"
     if name == "torch":
-        return TorchAttention()
+        return TorchAttention(group_decodes_by_length)
     if name == "triton":
         from tts_runtime.engine.triton_attention import TritonAttention
 

@@ -77,7 +77,8 @@ class Engine:
         self.scheduler = Scheduler(self.config.scheduler, self.blocks)
         self.kv_caches = kv.caches if kv is not None else allocate_kv_cache(
             self.arch, self.num_blocks, self.block_size, self.dtype, self.device)
-        self.backend = select_backend(self.config.attention_backend, self.device)
+        self.backend = select_backend(self.config.attention_backend, self.device,
+                                      self.config.group_decodes_by_length)
         self._select_layer_ops()
         self.executor = LocalExecutor(self.model, self.kv_caches, self.backend, self._decode_graphs())
         self.stats = EngineStats()
