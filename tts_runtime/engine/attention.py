@@ -185,8 +185,15 @@ class TorchAttention:
         positions = (lens - 1).long().unsqueeze(1)
         keys = torch.arange(max_len, device=query.device)
         mask = allowed_keys_mask(positions, keys, lens, sliding_window)
-        q = query.unsqueeze(2)  # [B, H, 1, D]
-        return _masked_attention(q, k, v, mask, scale, softcap).squeeze(2)
+        if softcap is not None:
+            return _masked_attention(query.unsqueeze(2), k, v, mask, scale, softcap).squeeze(2)
+        # One query per sequence, so the heads sharing a KV head can stand in the query-length
+        # axis: [B, Hkv, group, D] against unexpanded K/V. SDPA's GQA path would copy K and V
+        # group times, which costs more than the attention itself.
+        b, heads, dim = query.shape
+        q = query.view(b, k.shape[1], heads // k.shape[1], dim)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask.unsqueeze(1), scale=scale)
+        return out.reshape(b, heads, dim)
 
 
 def select_backend(name: str, device: torch.device, group_decodes_by_length: bool = True) -> AttentionBackend:
