@@ -230,10 +230,17 @@ def run_sweep(settings: list[SweepSetting], models: SweepModels, problems: list[
               memory: MemoryConfig, engine_config: EngineConfig, workload: Workload, repeats: int = 1,
               echo=typer.echo) -> SweepResult:
     metrics: dict[str, dict] = {}
+    failed: dict[str, dict] = {}
 
     def variant(setting: SweepSetting):
         def run() -> dict:
+            # A setting whose pool cannot hold a sequence fails the same way every time
+            # (seeded sampling, deterministic scheduling): repeating it only costs time.
+            if setting.label in failed:
+                return failed[setting.label]
             row, setting_metrics = run_setting(setting, models, problems, search, memory, engine_config, workload)
+            if row["error"]:
+                failed[setting.label] = row
             gc.collect()  # the finished runtime's KV pool goes before the next one is built
             metrics.setdefault(setting.label, setting_metrics)
             echo(f"  {setting.label:<12} {row['problems_per_s']:.4f} problems/s  "

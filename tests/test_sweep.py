@@ -76,3 +76,15 @@ def test_bad_sweep_input_is_a_clear_error(cli, math500_path, tmp_path, args, mes
     result = cli(["--dataset-path", str(math500_path), *TINY, "--out", str(tmp_path), *args])
     assert isinstance(result.exception, ConfigError)
     assert re.search(message, str(result.exception))
+
+
+@pytest.mark.slow
+def test_a_split_too_small_for_one_sequence_is_a_failed_row_run_once(cli, math500_path, tmp_path):
+    # 1.9 GiB leaves ~40 MiB of KV; a PRM share of 0.99 leaves the generator no room for the prompt.
+    out = tmp_path / "sweep"
+    result = cli(["--splits", "0.99", "--policies", "static", "--dataset-path", str(math500_path), *TINY,
+                  "--device-memory", "1.9GiB", "--repeats", "3", "--out", str(out)])
+    assert result.exit_code == 0, result.output + repr(result.exception)
+    assert result.output.count("FAILED: KV cache too small") == 1
+    (row,) = json.loads((out / "sweep.json").read_text())["rows"]
+    assert row["problems"] == 0 and row["problems_per_s"] == 0 and "raise the KV memory budget" in row["error"]
