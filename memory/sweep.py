@@ -377,7 +377,7 @@ def sweep_memory(
     prm_format: Annotated[Optional[str], typer.Option(help="PRM input format (default: the PRM's own)")] = None,
     seed: Annotated[int, typer.Option(help="search seed")] = 42,
     max_num_batched_tokens: Annotated[int, typer.Option(help="engine token budget per step")] = 2048,
-    repeats: Annotated[int, typer.Option(help="round-robin repeats; numbers are medians")] = 1,
+    repeats: Annotated[int, typer.Option(help="round-robin repeats; numbers are medians (a setting that cannot run is run once)")] = 1,
     out: Annotated[Optional[Path], typer.Option(help="sweep folder (default runs/sweep-<time>)")] = None,
     markdown: Annotated[Optional[Path], typer.Option(help="also write a benchmark report here")] = None,
 ) -> None:
