@@ -44,12 +44,17 @@ def run_config(runtime: Runtime, config: SearchConfig, dataset: dict[str, Any],
     }
 
 
-def run_into_folder(runtime: Runtime, problems: Sequence[Problem], config: SearchConfig, folder: RunFolder,
-                    *, on_result: Callable[[ProblemResult], None] | None = None) -> RunOutcome:
+def split_finished(folder: RunFolder, problems: Sequence[Problem]) -> tuple[list[ProblemResult], list[Problem]]:
+    """(results of these problems already in the folder, the problems still to solve)."""
     wanted = {problem.id for problem in problems}
     previous = [result for result in folder.finished_results() if result.id in wanted]
     done = {result.id for result in previous}
-    todo = [problem for problem in problems if problem.id not in done]
+    return previous, [problem for problem in problems if problem.id not in done]
+
+
+def run_into_folder(runtime: Runtime, problems: Sequence[Problem], config: SearchConfig, folder: RunFolder,
+                    *, on_result: Callable[[ProblemResult], None] | None = None) -> RunOutcome:
+    previous, todo = split_finished(folder, problems)
     outcome = RunOutcome({}, previous)
 
     def record(result: ProblemResult) -> None:

@@ -1,0 +1,255 @@
+"""Replicas as Ray actors serving one work queue, with Ray's actor restarts for faults.
+
+A `ReplicaPool` starts N actors of one class (one per GPU, or `threads_per_replica` CPUs
+each), hands out work items from a single queue as replicas free up (each replica takes
+up to `per_replica` items at once), and yields every item's outcome in completion order.
+
+Faults: an actor is created with `max_restarts=1`, so Ray rebuilds a dead replica once by
+re-running its constructor. Items in flight on a replica that dies are put back on the
+queue for whichever replica frees up first; an item that fails twice (its replica died
+twice, or it raised twice) comes back as an error instead of being retried again. A
+restarting replica gets no new work until a `ready()` call on it returns; a replica whose
+restart failed too is dropped, and if none is left the remaining items fail.
+
+`ray_cluster` joins `--ray-address` or starts a small local cluster for the run (no
+dashboard, a small object store: the results are a few KB each).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections import deque
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import ray
+from ray.exceptions import RayActorError, RayTaskError
+
+from tts_runtime.config import ConfigError
+
+ATTEMPTS = 2  # a work item runs at most twice
+_LOCAL_OBJECT_STORE = 100 << 20
+_READY_TIMEOUT_S = 1800.0  # first model load dequantizes GGUF files: minutes on a slow CPU
+
+
+@dataclass(frozen=True)
+class ScaleOut:
+    """How a run spreads over Ray: `replicas` actors, each with `threads_per_replica` torch
+    threads (CPU) or one GPU; `address` joins a running cluster (None: a local one)."""
+
+    replicas: int = 1
+    address: str | None = None
+    threads_per_replica: int = 1
+    gpus_per_replica: int = 0
+
+    def __post_init__(self) -> None:
+        if self.replicas < 1:
+            raise ConfigError(f"--replicas must be >= 1, got {self.replicas}")
+        if self.threads_per_replica < 1:
+            raise ConfigError(f"--threads-per-replica must be >= 1, got {self.threads_per_replica}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"replicas": self.replicas, "ray_address": self.address,
+                "threads_per_replica": self.threads_per_replica, "gpus_per_replica": self.gpus_per_replica}
+
+
+@contextmanager
+def ray_cluster(scale: ScaleOut) -> Iterator[None]:
+    """Connect to Ray for the run; a cluster this process is already connected to (a test's,
+    a notebook's) is used and left running."""
+    if ray.is_initialized():
+        yield
+        return
+    try:
+        if scale.address:
+            ray.init(address=scale.address, include_dashboard=False, configure_logging=False)
+        else:
+            ray.init(num_cpus=scale.replicas * scale.threads_per_replica,
+                     num_gpus=scale.replicas * scale.gpus_per_replica or None,
+                     include_dashboard=False, object_store_memory=_LOCAL_OBJECT_STORE, configure_logging=False)
+    except (ConnectionError, ValueError, RuntimeError) as exc:
+        raise ConfigError(f"cannot start or join the Ray cluster{' at ' + scale.address if scale.address else ''}: "
+                          f"{exc}") from None
+    try:
+        yield
+    finally:
+        ray.shutdown()
+
+
+def _check_room(scale: ScaleOut) -> None:
+    """Fail now, not after an endless wait for placement, when the cluster is too small."""
+    total = ray.cluster_resources()
+    for resource, each in (("CPU", scale.threads_per_replica), ("GPU", scale.gpus_per_replica)):
+        need = each * scale.replicas
+        if need and total.get(resource, 0) < need:
+            raise ConfigError(f"the Ray cluster has {total.get(resource, 0):g} {resource}s; {scale.replicas} "
+                              f"replicas need {need} (lower --replicas or --threads-per-replica)")
+
+
+@dataclass(frozen=True)
+class ReplicaInfo:
+    """Where a replica runs, returned by its `ready()`."""
+
+    pid: int
+    host: str
+
+    @classmethod
+    def here(cls) -> ReplicaInfo:
+        return cls(os.getpid(), socket.gethostname())
+
+
+@dataclass
+class WorkItem:
+    key: str
+    args: tuple
+    attempts: int = 0
+    errors: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Outcome:
+    key: str
+    value: Any = None
+    error: str | None = None  # the last error of an item that failed ATTEMPTS times
+
+
+@dataclass
+class Replica:
+    index: int
+    handle: Any
+    info: ReplicaInfo | None = None
+    state: str = "starting"  # starting -> ready -> (restarting -> ready) -> dead
+    in_flight: dict[Any, WorkItem] = field(default_factory=dict)  # ObjectRef -> item
+    done: int = 0
+
+
+class ReplicaPool:
+    def __init__(self, actor_class: type, args: tuple, scale: ScaleOut, *, per_replica: int = 1) -> None:
+        _check_room(scale)
+        remote = ray.remote(actor_class).options(
+            num_cpus=scale.threads_per_replica, num_gpus=scale.gpus_per_replica, max_restarts=1,
+            max_task_retries=0, scheduling_strategy="SPREAD")
+        self.scale = scale
+        self.per_replica = per_replica
+        self.replicas = [Replica(i, remote.remote(*args)) for i in range(scale.replicas)]
+        self.retries = 0  # items put back on the queue after a failure
+        self.restarts = 0  # replica deaths Ray restarted
+        self.lost = 0  # replicas gone for good
+        self._pings: dict[Any, Replica] = {r.handle.ready.remote(): r for r in self.replicas}
+
+    def wait_ready(self) -> None:
+        """Block until every replica has built its state (models loaded); a constructor error
+        is raised here, once, instead of as a failure of every item."""
+        try:
+            ready, _ = ray.wait(list(self._pings), num_returns=len(self._pings), timeout=_READY_TIMEOUT_S)
+            for ref in ready:
+                self._pings.pop(ref).info = ray.get(ref)
+        except RayActorError as exc:
+            raise ConfigError(f"a replica could not start: {_cause(exc)}") from None
+        if self._pings:
+            raise ConfigError(f"{len(self._pings)} replica(s) not placed within {_READY_TIMEOUT_S:.0f} s")
+        for replica in self.replicas:
+            replica.state = "ready"
+
+    def run(self, method: str, items: Iterable[WorkItem]) -> Iterator[Outcome]:
+        """Serve `items` from one queue; yield each outcome as it completes."""
+        queue = deque(items)
+        while queue or self._busy():
+            self._dispatch(method, queue)
+            waiting = [ref for r in self.replicas for ref in r.in_flight] + list(self._pings)
+            if not waiting:  # every replica is dead: nothing will run what is left
+                while queue:
+                    item = queue.popleft()
+                    yield Outcome(item.key, error="no replica left: " + "; ".join(item.errors))
+                return
+            [ref], _ = ray.wait(waiting, num_returns=1)
+            if ref in self._pings:
+                self._revived(ref)
+                continue
+            outcome = self._collect(ref, queue)
+            if outcome is not None:
+                yield outcome
+
+    def call_all(self, method: str, *args: Any) -> list[Any]:
+        """`method` on every live replica (e.g. its counters at the end of a run)."""
+        live = [r for r in self.replicas if r.state == "ready"]
+        return ray.get([getattr(r.handle, method).remote(*args) for r in live])
+
+    def call_one(self, method: str, *args: Any) -> Any:
+        replica = next(r for r in self.replicas if r.state == "ready")
+        return ray.get(getattr(replica.handle, method).remote(*args))
+
+    def shutdown(self) -> None:
+        for replica in self.replicas:
+            ray.kill(replica.handle, no_restart=True)
+
+    def stats(self) -> dict[str, Any]:
+        return {**self.scale.to_dict(), "retries": self.retries, "replica_restarts": self.restarts,
+                "replicas_lost": self.lost,
+                "per_replica": [{"index": r.index, "pid": r.info.pid if r.info else None,
+                                 "host": r.info.host if r.info else None, "done": r.done, "state": r.state}
+                                for r in self.replicas]}
+
+    # -- internals -----------------------------------------------------------------
+    def _busy(self) -> bool:
+        return any(r.in_flight for r in self.replicas) or bool(self._pings)
+
+    def _dispatch(self, method: str, queue: deque[WorkItem]) -> None:
+        # Fill the least-loaded replica first so work spreads before any replica queues up.
+        while queue:
+            free = [r for r in self.replicas if r.state == "ready" and len(r.in_flight) < self.per_replica]
+            if not free:
+                return
+            replica = min(free, key=lambda r: len(r.in_flight))
+            item = queue.popleft()
+            item.attempts += 1
+            replica.in_flight[getattr(replica.handle, method).remote(*item.args)] = item
+
+    def _collect(self, ref: Any, queue: deque[WorkItem]) -> Outcome | None:
+        replica = next(r for r in self.replicas if ref in r.in_flight)
+        item = replica.in_flight.pop(ref)
+        try:
+            value = ray.get(ref)
+        except RayActorError as exc:
+            self._died(replica)
+            return self._failed(item, f"replica {replica.index} died: {_cause(exc)}", queue)
+        except RayTaskError as exc:
+            return self._failed(item, _cause(exc), queue)
+        replica.done += 1
+        return Outcome(item.key, value)
+
+    def _failed(self, item: WorkItem, error: str, queue: deque[WorkItem]) -> Outcome | None:
+        item.errors.append(error)
+        if item.attempts >= ATTEMPTS:
+            return Outcome(item.key, error=error)
+        self.retries += 1
+        queue.appendleft(item)  # first in line for the next free replica
+        return None
+
+    def _died(self, replica: Replica) -> None:
+        """The first failed call of a dead replica: stop giving it work until Ray's restart
+        answers a ping (calls to a restarting actor wait for it)."""
+        if replica.state == "ready":
+            replica.state = "restarting"
+            self.restarts += 1
+            self._pings[replica.handle.ready.remote()] = replica
+
+    def _revived(self, ref: Any) -> None:
+        replica = self._pings.pop(ref)
+        try:
+            replica.info = ray.get(ref)
+            replica.state = "ready"
+        except RayActorError:
+            replica.state = "dead"
+            self.restarts -= 1
+            self.lost += 1
+
+
+def _cause(exc: Exception) -> str:
+    """One line saying why: the remote exception's own message, not Ray's wrapping."""
+    cause = getattr(exc, "cause", None)
+    text = f"{type(cause).__name__}: {cause}" if cause is not None else str(exc)
+    return " ".join(text.split())[:500]
