@@ -33,7 +33,7 @@ import torch
 
 from evals.bench import BENCH_DIR, SideBySide, write_report
 from tts_runtime.config import CacheConfig, ConfigError, EngineConfig, SchedulerConfig
-from tts_runtime.engine.device_memory import device_memory_info, gpu_facts
+from tts_runtime.executor.device_memory import device_memory_info, gpu_facts
 from tts_runtime.engine.engine import Engine
 from tts_runtime.engine.request import SamplingParams, ScoreParams
 from tts_runtime.models.arch import ArchConfig
@@ -210,14 +210,14 @@ def bench_decode(config: GpuBenchConfig, device: torch.device) -> dict[int, Side
 
 
 def _tts_score(engine: Engine, prompts: list[list[int]], params: ScoreParams, fused: bool) -> dict:
-    # The ablation shares the model: set its ops for this run (prefill runs eagerly, no
+    # The ablation shares the executor: set its ops for this run (prefill runs eagerly, no
     # CUDA graph has baked any op in).
     if fused:
         from tts_runtime.models.fused_ops import FUSED_OPS
 
-        engine.model.use_ops(FUSED_OPS)
+        engine.executor.ops = FUSED_OPS
     else:
-        engine.model.use_ops(EAGER_OPS)
+        engine.executor.ops = EAGER_OPS
     outputs = engine.score(prompts, params)
     return {"tokens": sum(len(o.prompt_token_ids) for o in outputs)}
 

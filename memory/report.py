@@ -13,7 +13,7 @@ import typer
 
 from memory.split import MemoryConfig, format_plan, parse_size, plan_memory
 from tts_runtime.config import EngineConfig, SchedulerConfig, resolve_device, resolve_dtype
-from tts_runtime.engine.kv_cache import element_size
+from tts_runtime.executor.kv_cache import element_size
 from tts_runtime.models.loader import load_model
 from tts_runtime.runtime import device_total, profile_models
 

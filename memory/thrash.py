@@ -21,7 +21,7 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass, field
 
-from memory.events import BlockEvent
+from tts_runtime.engine.events import BlockEvent
 
 # Timelines longer than this are thinned (every k-th step) in reports.
 MAX_TIMELINE_POINTS = 2000

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from memory.events import BlockEvent
+from tts_runtime.engine.events import BlockEvent
 from tts_runtime.engine.block_manager import ROOT_HASH, BlockManager, chain_hash
 
 

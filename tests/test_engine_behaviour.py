@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from tts_runtime import CacheConfig, ConfigError, Engine, EngineConfig, SamplingParams, ScoreParams
-from tts_runtime.engine.attention import group_by_length
+from tts_runtime.executor.batch import group_by_length
 from tts_runtime.models.registry import resolve
 
 MATH = ("A bakery sells muffins for $3 each and cookies for $2 each. Maria buys 4 muffins and "

@@ -21,13 +21,14 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 from tts_runtime import CacheConfig, ConfigError, Engine, EngineConfig, SamplingParams  # noqa: E402
-from tts_runtime.engine.attention import AttentionMetadata, TorchAttention  # noqa: E402
-from tts_runtime.engine.cuda_graphs import (PAD_SLOT, StaticDecodeBuffers, capture_sizes,  # noqa: E402
+from tts_runtime.executor.attention import TorchAttention  # noqa: E402
+from tts_runtime.executor.batch import AttentionMetadata, ModelInput  # noqa: E402
+from tts_runtime.executor.cuda_graphs import (PAD_SLOT, StaticDecodeBuffers, capture_sizes,  # noqa: E402
                                             padded_decode_logits)
-from tts_runtime.engine.device_memory import device_memory_info  # noqa: E402
-from tts_runtime.engine.executor import LocalExecutor, ModelInput  # noqa: E402
-from tts_runtime.engine.kv_cache import allocate_kv_cache  # noqa: E402
-from tts_runtime.engine.sampler import SamplingRow, child_generator, sample  # noqa: E402
+from tts_runtime.executor.device_memory import device_memory_info  # noqa: E402
+from tts_runtime.executor.local import LocalExecutor  # noqa: E402
+from tts_runtime.executor.kv_cache import allocate_kv_cache  # noqa: E402
+from tts_runtime.engine.sampler import SamplingRow, child_seed, sample  # noqa: E402
 from tts_runtime.models import layers  # noqa: E402
 from tts_runtime.models.arch import arch_from_hf  # noqa: E402
 from tts_runtime.models.decoder import DecoderModel  # noqa: E402
@@ -100,7 +101,7 @@ def test_gpu_switches_leave_the_cpu_path_unchanged(generator_model):
     on = Engine(generator_model.name, EngineConfig(cache=small, cuda_graphs=True, compile=True),
                 loaded=generator_model)
     assert on.executor.graphs is None
-    assert all(m.ops is EAGER_OPS for m in on.model.modules() if hasattr(m, "ops"))
+    assert on.executor.ops is EAGER_OPS
     got_on = on.generate([prompt], greedy)[0].completions[0].token_ids
     off = Engine(generator_model.name, EngineConfig(cache=small, cuda_graphs=False, compile=False),
                  loaded=generator_model)
@@ -257,28 +258,36 @@ def _prefill_meta(tokens: int, block_size: int) -> AttentionMetadata:
 
 @pytest.mark.parametrize("kernels", ["cpu"], indirect=True)
 @pytest.mark.parametrize("config", [_tiny_llama(), _tiny_gemma()], ids=["llama", "gemma3"])
-def test_use_ops_routes_every_layer_to_the_fused_kernels(kernels, config):
+def test_forward_runs_the_ops_it_is_given(kernels, config):
     fused, _ = kernels
     model = _tiny_model(config)
     arch = model.arch
     tokens, block_size = 12, 8
     ids = torch.randint(0, arch.vocab_size, (tokens,), generator=torch.Generator().manual_seed(4))
 
-    def logits() -> torch.Tensor:
+    calls = {"rms_norm": 0, "rotary_qk": 0, "act_and_mul": 0}
+
+    def counted(name: str):
+        def run(*args):
+            calls[name] += 1
+            return getattr(fused.FUSED_OPS, name)(*args)
+        return run
+
+    counting = layers.LayerOps(counted("rms_norm"), counted("rotary_qk"), counted("act_and_mul"))
+
+    def logits(ops: layers.LayerOps) -> torch.Tensor:
         kv = allocate_kv_cache(arch, 2, block_size, torch.float32, torch.device("cpu"))
         with torch.inference_mode():
-            hidden = model(ids, torch.arange(tokens), kv, _prefill_meta(tokens, block_size), TorchAttention())
+            hidden = model(ids, torch.arange(tokens), kv, _prefill_meta(tokens, block_size), TorchAttention(), ops)
             return model.compute_logits(hidden)
 
-    eager = logits()
-    model.use_ops(fused.FUSED_OPS)
-    users = [m for m in model.modules() if hasattr(m, "ops")]
-    # Per layer: attention, MLP, 2 norms (+ q/k norms and 2 feed-forward sandwich norms for Gemma); final norm.
-    assert len(users) == arch.num_layers * (8 if arch.is_gemma else 4) + 1
-    assert all(m.ops is fused.FUSED_OPS for m in users)
-    assert rel_err(logits(), eager) <= 1e-5
-    model.use_ops(EAGER_OPS)
-    assert torch.equal(logits(), eager)
+    eager = logits(EAGER_OPS)
+    assert rel_err(logits(counting), eager) <= 1e-5
+    # Per layer: 2 norms (+ q/k norms and 2 feed-forward sandwich norms for Gemma), one rotary,
+    # one activation; plus the final norm. Every one of them went through the ops given.
+    assert calls == {"rms_norm": arch.num_layers * (6 if arch.is_gemma else 2) + 1,
+                     "rotary_qk": arch.num_layers, "act_and_mul": arch.num_layers}
+    assert torch.equal(logits(EAGER_OPS), eager)
 
 
 # -- static decode buffers and the padded forward a CUDA graph captures -----------------------
@@ -359,7 +368,7 @@ def test_padded_decode_forward_writes_only_real_slots(kernels):
     """The forward a CUDA graph captures, run eagerly with interpreted Triton kernels: after a
     larger batch left its rows behind, a 3-sequence step padded to 8 writes exactly its 3
     slots in every layer and matches the unpadded eager step."""
-    from tts_runtime.engine.triton_attention import TritonAttention
+    from tts_runtime.executor.triton_attention import TritonAttention
 
     model = _tiny_model(_tiny_llama())
     arch, bs, device = model.arch, 8, torch.device("cpu")
@@ -378,7 +387,7 @@ def test_padded_decode_forward_writes_only_real_slots(kernels):
     buffers.fill(batch, 8)
     backend = TritonAttention()
     with torch.inference_mode():
-        padded = padded_decode_logits(model, kv, backend, buffers, 8)[:3]
+        padded = padded_decode_logits(model, kv, backend, EAGER_OPS, buffers, 8)[:3]
     after_padded = [(k.clone(), v.clone()) for k, v in kv]
 
     for (k, v), (k0, v0) in zip(kv, before):
@@ -404,8 +413,8 @@ def _rows(vocab: int) -> list[SamplingRow]:
               SamplingParams(temperature=0, frequency_penalty=0.5, presence_penalty=0.3),
               SamplingParams(temperature=1.2, min_p=0.05, seed=9, frequency_penalty=-0.4)]
     gen = torch.Generator().manual_seed(7)
-    return [SamplingRow(p, torch.randint(0, vocab, (30,), generator=gen).tolist(), 12,
-                        child_generator(p.seed, i, torch.device("cpu"))) for i, p in enumerate(params)]
+    return [SamplingRow(p, torch.randint(0, vocab, (30,), generator=gen).tolist(), 12, child_seed(p.seed, i))
+            for i, p in enumerate(params)]
 
 
 def test_sampler_never_writes_the_callers_logits():
@@ -422,7 +431,7 @@ def test_sampler_greedy_rows_and_seeded_rows_do_not_depend_on_the_batch():
     logits = torch.randn(6, 300, generator=torch.Generator().manual_seed(9))
     rows = _rows(300)
     together = sample(logits, rows, torch.Generator().manual_seed(0))
-    rows = _rows(300)  # fresh seeded generators
+    rows = _rows(300)
     alone = [sample(logits[i:i + 1], [row], torch.Generator().manual_seed(1))[0] for i, row in enumerate(rows)]
     for i, row in enumerate(rows):
         if row.params.greedy or row.params.seed is not None:
@@ -434,9 +443,6 @@ def test_sampler_greedy_rows_and_seeded_rows_do_not_depend_on_the_batch():
 def test_sampler_synchronises_once_on_cuda():
     logits = torch.randn(6, 32000, device="cuda")
     rows = _rows(32000)
-    for row in rows:  # seeded rows draw from CUDA generators on a CUDA batch
-        if row.params.seed is not None:
-            row.generator = child_generator(row.params.seed, 0, torch.device("cuda"))
     sample(logits, rows, torch.Generator(device="cuda").manual_seed(0))  # warm-up: lazy CUDA init
     torch.cuda.synchronize()
     with warnings.catch_warnings(record=True) as caught:
@@ -486,7 +492,7 @@ def test_bench_gpu_workload_helpers_on_cpu(generator_model):
     engine = Engine(generator_model.name, EngineConfig(cache=CacheConfig(num_blocks=8)), loaded=generator_model)
     assert _tts_generate(engine, prompts, 3) == {"tokens": 6}
     assert _tts_score(engine, prompts, ScoreParams([5], [10, 20]), fused=False) == {"tokens": 12}
-    assert all(m.ops is EAGER_OPS for m in engine.model.modules() if hasattr(m, "ops"))
+    assert engine.executor.ops is EAGER_OPS
 
 
 def test_bench_gpu_rooflines():
@@ -586,8 +592,8 @@ def test_cuda_graph_decode_matches_eager_decode(cuda_models, monkeypatch):
 def test_cuda_graph_step_equals_eager_step_and_keeps_other_kv(cuda_models, dtype):
     """Executor level, one backend (fixed key splits): a batch of exactly a captured size
     replays to the eager logits; a padded batch writes only its own slots."""
-    from tts_runtime.engine.cuda_graphs import CudaGraphRunner
-    from tts_runtime.engine.triton_attention import TritonAttention
+    from tts_runtime.executor.cuda_graphs import CudaGraphRunner
+    from tts_runtime.executor.triton_attention import TritonAttention
 
     loaded = cuda_models("generator", dtype)
     model, arch, bs, device = loaded.model, loaded.arch, 16, torch.device("cuda")
@@ -598,7 +604,7 @@ def test_cuda_graph_step_equals_eager_step_and_keeps_other_kv(cuda_models, dtype
         v.normal_(generator=gen)
     before = [(k.clone(), v.clone()) for k, v in kv]
     backend = TritonAttention(decode_splits=1)
-    runner = CudaGraphRunner(model, kv, backend, max_num_seqs=8, max_blocks_per_seq=8, block_size=bs, sizes=(4, 8))
+    runner = CudaGraphRunner(model, kv, backend, EAGER_OPS, max_num_seqs=8, max_blocks_per_seq=8, block_size=bs, sizes=(4, 8))
     tables = [[2 * i, 2 * i + 1, 40 + i] for i in range(8)]
     contexts = [33 + 3 * i for i in range(8)]
     vocab = arch.vocab_size

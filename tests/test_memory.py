@@ -56,7 +56,7 @@ def test_static_runtime_gets_exactly_the_planned_blocks(generator_model, prm_mod
                       CONFIG, profiles=profiles)
     assert runtime.generator.blocks.num_usable_blocks == runtime.plan.generator_blocks
     assert runtime.prm.blocks.num_usable_blocks == runtime.plan.prm_blocks
-    assert runtime.generator.kv_caches[0][0].shape[0] == runtime.plan.generator_blocks
+    assert runtime.generator.executor.kv_caches[0][0].shape[0] == runtime.plan.generator_blocks
     metrics = runtime.memory_metrics()
     assert metrics["plan"]["prm_fraction"] == 0.4 and metrics["elastic"] is None
 

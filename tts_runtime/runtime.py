@@ -25,10 +25,10 @@ from memory.profile import MemoryProfile, ProfileCache, profile_model
 from memory.split import MemoryConfig, MemoryPlan, Workload, plan_memory
 from memory.thrash import ThrashTracker
 from tts_runtime.config import ConfigError, EngineConfig, ModelSpec, resolve_device, resolve_dtype
-from tts_runtime.engine.device_memory import device_memory_info
+from tts_runtime.executor.device_memory import device_memory_info
 from tts_runtime.engine.engine import Engine
-from tts_runtime.engine.kv_cache import KVAllocation, element_size, shared_kv_views
-from tts_runtime.engine.profiling import EngineRole, profile_tokens, profiling_forward
+from tts_runtime.executor.kv_cache import KVAllocation, element_size, shared_kv_views
+from tts_runtime.executor.profiling import EngineRole, profile_tokens, profiling_forward
 from tts_runtime.engine.request import RequestOutput, SamplingParams, ScoreParams
 from tts_runtime.models.loader import LoadedModel, cache_root, load_model
 
@@ -115,8 +115,8 @@ class Runtime:
                                     kv=self._shared_kv(GENERATOR, gen_loaded, dtypes[0]))
             self.prm = Engine(prm_spec, self.engine_config, loaded=prm_loaded,
                               kv=self._shared_kv(PRM, prm_loaded, dtypes[1]))
-            self.pool.attach(GENERATOR, self.generator.blocks)
-            self.pool.attach(PRM, self.prm.blocks)
+            self.pool.attach(GENERATOR, self.generator.block_pool)
+            self.pool.attach(PRM, self.prm.block_pool)
             block = self.engine_config.cache.block_size
             self.elastic = ElasticPolicy(self.pool, {GENERATOR: self.profiles[0].flops_per_token * block,
                                                      PRM: self.profiles[1].flops_per_token * block})
@@ -181,19 +181,13 @@ class Runtime:
                 resolved += 1
         self.num_steps += 1
         for name, engine in self.engines.items():
-            blocks = engine.blocks
-            self.trackers[name].record_step(self.num_steps, blocks.num_used_blocks, blocks.num_cached_free_blocks,
-                                            blocks.num_free_blocks - blocks.num_cached_free_blocks)
+            counts = engine.block_counts()
+            self.trackers[name].record_step(self.num_steps, counts.in_use, counts.cached_free,
+                                            counts.free - counts.cached_free)
         return resolved
 
     def _pressure(self, name: str) -> Pressure:
-        engine = self.engines[name]
-        scheduler, blocks = engine.scheduler, engine.blocks
-        return Pressure(
-            has_work=scheduler.has_work, owned_blocks=blocks.num_usable_blocks,
-            free_blocks=blocks.num_free_blocks, waiting_blocks=scheduler.num_waiting_blocks(),
-            blocks_to_progress=scheduler.blocks_to_progress(), preemptions=scheduler.num_preemptions,
-            admission_stalls=scheduler.num_admission_stalls, thrash_events=self.trackers[name].thrash_events)
+        return Pressure(**asdict(self.engines[name].pressure()), thrash_events=self.trackers[name].thrash_events)
 
     def _pressures(self) -> dict[str, Pressure]:
         return {name: self._pressure(name) for name in self.engines}
@@ -201,7 +195,7 @@ class Runtime:
     def _yielders(self) -> dict:
         def yielder(name: str):
             def run() -> Pressure:
-                self.engines[name].scheduler.preempt_all()
+                self.engines[name].yield_memory()
                 return self._pressure(name)
             return run
         return {name: yielder(name) for name in self.engines}
@@ -233,12 +227,13 @@ class Runtime:
         for name, engine in self.engines.items():
             tracker = self.trackers[name]
             timeline = tracker.timeline
+            pressure = engine.pressure()
             totals = [u + c + f for u, c, f in zip(timeline.in_use, timeline.cached, timeline.free)]
             models[name] = {
                 **tracker.summary(),
-                "preemptions": engine.scheduler.num_preemptions,
-                "admission_stalls": engine.scheduler.num_admission_stalls,
-                "blocks": {"start": getattr(self.plan, f"{name}_blocks"), "end": engine.blocks.num_usable_blocks,
+                "preemptions": pressure.preemptions,
+                "admission_stalls": pressure.admission_stalls,
+                "blocks": {"start": getattr(self.plan, f"{name}_blocks"), "end": pressure.owned_blocks,
                            "min": min(totals, default=0), "max": max(totals, default=0),
                            "mean": sum(totals) / len(totals) if totals else 0.0},
                 "peak_blocks_in_use": max(timeline.in_use, default=0),

@@ -7,10 +7,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from tts_runtime.engine.attention import AttentionMetadata
-from tts_runtime.engine.executor import ModelInput
 from tts_runtime.engine.scheduler import ScheduledBatch
 from tts_runtime.engine.sequence import Sequence
+from tts_runtime.executor.batch import AttentionMetadata, ModelInput
 
 
 @dataclass

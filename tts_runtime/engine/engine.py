@@ -7,20 +7,18 @@ from dataclasses import dataclass, field
 
 import torch
 
-from memory.events import BlockEventListener
 from tts_runtime.config import ConfigError, EngineConfig, ModelSpec, resolve_device, resolve_dtype
-from tts_runtime.engine.attention import select_backend
 from tts_runtime.engine.batch_builder import BatchLayout, build_model_input
 from tts_runtime.engine.block_manager import ROOT_HASH, BlockManager
-from tts_runtime.engine.cuda_graphs import CudaGraphRunner
 from tts_runtime.engine.detokenizer import IncrementalDetokenizer
-from tts_runtime.engine.executor import LocalExecutor, ModelOutput
-from tts_runtime.engine.kv_cache import KVAllocation, allocate_kv_cache, bytes_per_block
+from tts_runtime.engine.events import BlockEventListener
 from tts_runtime.engine.request import CompletionOutput, RequestOutput, SamplingParams, ScoreParams
-from tts_runtime.engine.sampler import SamplingRow, child_generator, sample
+from tts_runtime.engine.sampler import SamplingRow, child_seed, sample
 from tts_runtime.engine.scheduler import Scheduler
 from tts_runtime.engine.sequence import RequestGroup, Sequence, SequenceStatus
-from tts_runtime.models.layers import EAGER_OPS
+from tts_runtime.executor.batch import ModelOutput
+from tts_runtime.executor.build import build_local_executor
+from tts_runtime.executor.kv_cache import KVAllocation, bytes_per_block
 from tts_runtime.models.loader import LoadedModel, load_model
 
 DEFAULT_CPU_KV_BYTES = 1 << 30
@@ -50,6 +48,27 @@ class EngineStats:
         }
 
 
+@dataclass(frozen=True)
+class BlockCounts:
+    usable: int  # ids this engine may use now (an elastic pool moves them)
+    in_use: int
+    cached_free: int  # free, but still holding a cached prefix
+    free: int  # free, cached or not
+
+
+@dataclass(frozen=True)
+class EnginePressure:
+    """What a memory policy reads between steps to decide who needs KV."""
+
+    has_work: bool
+    owned_blocks: int
+    free_blocks: int
+    waiting_blocks: int  # blocks the waiting sequences would hold
+    blocks_to_progress: int
+    preemptions: int  # totals since the start
+    admission_stalls: int
+
+
 class Engine:
     def __init__(self, spec: ModelSpec | str, config: EngineConfig | None = None, *,
                  loaded: LoadedModel | None = None, num_blocks: int | None = None,
@@ -75,12 +94,7 @@ class Engine:
         self.blocks = BlockManager(self.num_blocks, self.block_size, cache.enable_prefix_caching,
                                    usable_blocks=kv.usable if kv is not None else None)
         self.scheduler = Scheduler(self.config.scheduler, self.blocks)
-        self.kv_caches = kv.caches if kv is not None else allocate_kv_cache(
-            self.arch, self.num_blocks, self.block_size, self.dtype, self.device)
-        self.backend = select_backend(self.config.attention_backend, self.device,
-                                      self.config.group_decodes_by_length)
-        self._select_layer_ops()
-        self.executor = LocalExecutor(self.model, self.kv_caches, self.backend, self._decode_graphs())
+        self.executor = build_local_executor(self.loaded, self.config, self.num_blocks, kv)
         self.stats = EngineStats()
         self._groups: dict[str, RequestGroup] = {}
         self._seq_ids = itertools.count()
@@ -89,27 +103,6 @@ class Engine:
         self.eos_token_ids = set(self.arch.eos_token_ids)
         if self.tokenizer is not None and self.tokenizer.eos_token_id is not None:
             self.eos_token_ids.add(self.tokenizer.eos_token_id)
-
-    def _select_layer_ops(self) -> None:
-        """Fused Triton kernels on CUDA when `compile` is on; the eager ops otherwise (the
-        CPU path, bit-exact with HF). Set on every engine: a model shared by two engines
-        runs the ops of the one built last."""
-        if self.device.type == "cuda" and self.config.compile:
-            from tts_runtime.models.fused_ops import FUSED_OPS  # imports triton: CUDA only
-
-            self.model.use_ops(FUSED_OPS)
-        else:
-            self.model.use_ops(EAGER_OPS)
-
-    def _decode_graphs(self) -> CudaGraphRunner | None:
-        """Decode CUDA graphs on CUDA with the triton backend; never built on CPU."""
-        if not (self.device.type == "cuda" and self.config.cuda_graphs and self.backend.name == "triton"):
-            return None
-        # A sequence never holds more blocks than its context or the pool allows.
-        max_blocks = min(-(-self.max_model_len // self.block_size), self.num_blocks)
-        return CudaGraphRunner(self.model, self.kv_caches, self.backend,
-                               max_num_seqs=self.config.scheduler.max_num_seqs,
-                               max_blocks_per_seq=max_blocks, block_size=self.block_size)
 
     def _blocks_for_bytes(self, budget: int | None) -> int:
         budget = DEFAULT_CPU_KV_BYTES if budget is None else budget
@@ -133,6 +126,28 @@ class Engine:
 
     def add_block_listener(self, listener: BlockEventListener) -> None:
         self.blocks.listeners.append(listener)
+
+    @property
+    def block_pool(self) -> BlockManager:
+        """The block ids an owner of this engine's KV memory (an elastic pool) adds and removes."""
+        return self.blocks
+
+    def block_counts(self) -> BlockCounts:
+        blocks = self.blocks
+        return BlockCounts(blocks.num_usable_blocks, blocks.num_used_blocks, blocks.num_cached_free_blocks,
+                           blocks.num_free_blocks)
+
+    def pressure(self) -> EnginePressure:
+        scheduler, blocks = self.scheduler, self.blocks
+        return EnginePressure(
+            has_work=scheduler.has_work, owned_blocks=blocks.num_usable_blocks,
+            free_blocks=blocks.num_free_blocks, waiting_blocks=scheduler.num_waiting_blocks(),
+            blocks_to_progress=scheduler.blocks_to_progress(), preemptions=scheduler.num_preemptions,
+            admission_stalls=scheduler.num_admission_stalls)
+
+    def yield_memory(self) -> None:
+        """Preempt every running sequence (by recompute) so all its blocks are free to move."""
+        self.scheduler.preempt_all()
 
     # -- requests --------------------------------------------------------------------
     def tokenize(self, prompt: str | list[int]) -> list[int]:
@@ -181,7 +196,7 @@ class Engine:
         params = group.params
         seq = Sequence(next(self._seq_ids), group, token_ids, index=index)
         if isinstance(params, SamplingParams):
-            seq.generator = child_generator(params.seed, index, self.device)
+            seq.seed = child_seed(params.seed, index)
             if params.stop and self.tokenizer is not None:
                 seq.detokenizer = IncrementalDetokenizer(self.tokenizer)
         group.sequences.append(seq)
@@ -244,7 +259,7 @@ class Engine:
             self.stats.scored_positions += 1
 
     def _sample(self, seqs: list[Sequence], logits: torch.Tensor) -> None:
-        rows = [SamplingRow(s.group.params, s.token_ids, s.num_prompt_tokens, s.generator) for s in seqs]
+        rows = [SamplingRow(s.group.params, s.token_ids, s.num_prompt_tokens, s.seed) for s in seqs]
         tokens = sample(logits, rows, self._generator)
         forks = [s for s in seqs if s.num_tokens == s.num_prompt_tokens and s.group.params.n > 1
                  and len(s.group.sequences) == 1]
@@ -260,7 +275,7 @@ class Engine:
         shared = parent.block_table[: parent.num_prompt_tokens // bs]
         for index in range(1, group.params.n):
             child = self._new_sequence(group, list(parent.token_ids), index)
-            rows = [SamplingRow(group.params, child.token_ids, child.num_prompt_tokens, child.generator)]
+            rows = [SamplingRow(group.params, child.token_ids, child.num_prompt_tokens, child.seed)]
             token = sample(logits.unsqueeze(0), rows, self._generator)[0]
             self.blocks.share(shared)
             child.block_table = list(shared)

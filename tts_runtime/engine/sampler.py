@@ -1,9 +1,9 @@
 """Turns next-token logits into tokens, one row per sequence, with per-row parameters.
 
 Sampling inverts the CDF with one uniform number per row (filling a whole vocabulary row
-with noise costs more than the forward of a small model on a CPU); a seeded request draws
-its number from its own generator, so its tokens do not depend on what else shares the
-batch.
+with noise costs more than the forward of a small model on a CPU). A seeded row's number
+is a function of plain data, (child seed, position), so its tokens depend neither on what
+else shares the batch nor on which process samples it.
 
 All tensor work runs on the logits' device. Per-row parameters reach it through
 `_on_device` (pinned, non-blocking on CUDA: a copy from pageable memory would wait for the
@@ -19,21 +19,26 @@ import torch
 from tts_runtime.engine.request import SamplingParams
 
 
+_SEED_MASK = 0x7FFF_FFFF_FFFF_FFFF
+
+
 @dataclass
 class SamplingRow:
     params: SamplingParams
     token_ids: list[int]  # prompt + output so far (repetition penalty reads both)
     num_prompt_tokens: int
-    generator: torch.Generator | None
+    seed: int | None  # the child's seed (`child_seed`); None draws from the shared stream
 
 
-def child_generator(seed: int | None, child_index: int, device: torch.device) -> torch.Generator | None:
+def child_seed(seed: int | None, child_index: int) -> int | None:
     """Each child of a seeded request gets its own reproducible stream."""
-    if seed is None:
-        return None
-    generator = torch.Generator(device=device)
-    generator.manual_seed(hash((seed, child_index)) & 0x7FFF_FFFF_FFFF_FFFF)
-    return generator
+    return None if seed is None else hash((seed, child_index)) & _SEED_MASK
+
+
+def seeded_uniform(seed: int, position: int) -> float:
+    """The number in [0, 1) a seeded row draws for the token at `position`."""
+    generator = torch.Generator().manual_seed(hash((seed, position)) & _SEED_MASK)
+    return float(torch.rand(1, generator=generator, dtype=torch.float64))
 
 
 def _on_device(values: list, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
@@ -108,14 +113,12 @@ def sample(logits: torch.Tensor, rows: list[SamplingRow], generator: torch.Gener
 
 
 def _uniforms(rows: list[SamplingRow], generator: torch.Generator | None, device: torch.device) -> torch.Tensor:
-    """One number in (0, 1] per row: seeded rows from their own stream (one draw each,
-    gathered into one write)."""
+    """One number in (0, 1] per row: seeded rows from (seed, position), gathered into one write."""
     u = 1.0 - torch.rand(len(rows), generator=generator, device=device, dtype=torch.float64)
-    seeded = [j for j, row in enumerate(rows) if row.generator is not None]
+    seeded = [j for j, row in enumerate(rows) if row.seed is not None]
     if seeded:
-        draws = torch.cat([torch.rand(1, generator=rows[j].generator, device=device, dtype=torch.float64)
-                           for j in seeded])
-        u[_on_device(seeded, torch.long, device)] = 1.0 - draws
+        draws = [1.0 - seeded_uniform(rows[j].seed, len(rows[j].token_ids)) for j in seeded]
+        u[_on_device(seeded, torch.long, device)] = _on_device(draws, torch.float64, device)
     return u
 
 

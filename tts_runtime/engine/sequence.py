@@ -5,8 +5,6 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
-import torch
-
 from tts_runtime.engine.detokenizer import IncrementalDetokenizer
 from tts_runtime.engine.request import FinishReason, SamplingParams, ScoreParams
 
@@ -29,8 +27,15 @@ class Sequence:
     block_hashes: list[int] = field(default_factory=list)
     status: SequenceStatus = SequenceStatus.WAITING
     finish_reason: FinishReason | None = None
-    generator: torch.Generator | None = None
+    # This child's sampling seed (None: the engine's unseeded stream); with the position it
+    # fixes every draw, so a batch can be sampled in any process with the same tokens.
+    seed: int | None = None
     detokenizer: IncrementalDetokenizer | None = None
+    # Set by the engine while a launched microbatch holds this sequence: the scheduler then
+    # neither schedules it again nor preempts it (its KV is being read and written).
+    in_flight: bool = False
+    # A running decode's pipeline lane: microbatch k runs the decodes of lane k mod pp_size.
+    lane: int | None = None
 
     @property
     def num_prompt_tokens(self) -> int:

@@ -18,7 +18,8 @@ from tts_runtime.models.layers import (EAGER_OPS, GatedMLP, LayerOps, RMSNorm, i
                                        rotary_cos_sin)
 
 if TYPE_CHECKING:  # the engine sits above the models: type names only, no import cycle
-    from tts_runtime.engine.attention import AttentionBackend, AttentionMetadata
+    from tts_runtime.executor.attention import AttentionBackend
+    from tts_runtime.executor.batch import AttentionMetadata
 
 
 class Attention(nn.Module):
@@ -34,19 +35,18 @@ class Attention(nn.Module):
         self.scale = arch.attention_scale
         self.window = arch.layer_window[layer]
         self.softcap = arch.attn_logit_softcapping
-        self.ops = EAGER_OPS
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                 kv_cache: tuple[torch.Tensor, torch.Tensor], meta: AttentionMetadata,
-                backend: AttentionBackend) -> torch.Tensor:
+                backend: AttentionBackend, ops: LayerOps) -> torch.Tensor:
         t = x.shape[0]
         q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = q.view(t, self.num_heads, self.head_dim)
         k = k.view(t, self.num_kv_heads, self.head_dim)
         v = v.view(t, self.num_kv_heads, self.head_dim)
         if self.q_norm is not None:
-            q, k = self.q_norm(q), self.k_norm(k)
-        q, k = self.ops.rotary_qk(q, k, cos, sin)
+            q, k = self.q_norm(q, ops), self.k_norm(k, ops)
+        q, k = ops.rotary_qk(q, k, cos, sin)
         k_cache, v_cache = kv_cache
         backend.store_kv(k, v, k_cache, v_cache, meta.slot_mapping)
         out = backend.attend(q, k_cache, v_cache, meta, self.scale, self.window, self.softcap)
@@ -68,13 +68,13 @@ class DecoderLayer(nn.Module):
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                 kv_cache: tuple[torch.Tensor, torch.Tensor], meta: AttentionMetadata,
-                backend: AttentionBackend) -> torch.Tensor:
-        h = self.self_attn(self.input_layernorm(x), cos, sin, kv_cache, meta, backend)
+                backend: AttentionBackend, ops: LayerOps) -> torch.Tensor:
+        h = self.self_attn(self.input_layernorm(x, ops), cos, sin, kv_cache, meta, backend, ops)
         if self.pre_feedforward_layernorm is None:
             x = x + h
-            return x + self.mlp(self.post_attention_layernorm(x))
-        x = x + self.post_attention_layernorm(h)
-        return x + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(x)))
+            return x + self.mlp(self.post_attention_layernorm(x, ops), ops)
+        x = x + self.post_attention_layernorm(h, ops)
+        return x + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(x, ops), ops), ops)
 
 
 class DecoderModel(nn.Module):
@@ -97,27 +97,44 @@ class DecoderModel(nn.Module):
                                        for r in self._ropes]
         return self._inv_freqs[device]
 
-    def use_ops(self, ops: LayerOps) -> None:
-        """Route every layer's elementwise ops (norms, rotary, gated activation) to `ops`."""
-        for module in self.modules():
-            if isinstance(getattr(module, "ops", None), LayerOps):
-                module.ops = ops
-
     @property
     def output_weight(self) -> torch.Tensor:
         return self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
                 kv_caches: list[tuple[torch.Tensor, torch.Tensor]], meta: AttentionMetadata,
-                backend: AttentionBackend) -> torch.Tensor:
+                backend: AttentionBackend, ops: LayerOps = EAGER_OPS) -> torch.Tensor:
+        x = self.embed(input_ids)
+        x = self.run_layers(x, positions, kv_caches, meta, backend, ops, range(len(self.layers)))
+        return self.norm(x, ops)
+
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
         x = self.embed_tokens(input_ids)
         if self.arch.is_gemma:
             x = x * torch.tensor(self.arch.hidden_size ** 0.5, dtype=x.dtype)
+        return x
+
+    def run_layers(self, x: torch.Tensor, positions: torch.Tensor,
+                   kv_caches: list[tuple[torch.Tensor, torch.Tensor]], meta: AttentionMetadata,
+                   backend: AttentionBackend, ops: LayerOps, layers: range) -> torch.Tensor:
+        """Layers `layers` (a pipeline stage's slice); `kv_caches[i]` belongs to layer
+        `layers[i]`."""
         tables = [rotary_cos_sin(f, positions, x.dtype) for f in self._inverse_frequencies(positions.device)]
-        for layer, kv_cache, slot in zip(self.layers, kv_caches, self._layer_rope_slot):
-            cos, sin = tables[slot]
-            x = layer(x, cos, sin, kv_cache, meta, backend)
-        return self.norm(x)
+        for index, kv_cache in zip(layers, kv_caches):
+            cos, sin = tables[self._layer_rope_slot[index]]
+            x = self.layers[index](x, cos, sin, kv_cache, meta, backend, ops)
+        return x
+
+    def drop_layers_outside(self, layers: range, keep_embedding: bool, keep_head: bool) -> None:
+        """Free the weights a pipeline stage never runs (other stages' layers; the embedding
+        unless the stage embeds or the head is tied to it; the final norm and head unless last)."""
+        for index in range(len(self.layers)):
+            if index not in layers:
+                self.layers[index] = nn.Identity()
+        if not keep_head:
+            self.lm_head = None if self.lm_head is None else nn.Identity()
+        if not keep_embedding and not (keep_head and self.lm_head is None):
+            self.embed_tokens = nn.Identity()
 
     def compute_logits(self, hidden: torch.Tensor, columns: torch.Tensor | None = None) -> torch.Tensor:
         """Logits for the given rows; `columns` restricts the output layer to those token ids."""

@@ -1,8 +1,8 @@
 """Building blocks shared by every architecture: RMSNorm, rotary embeddings, gated MLP.
 
-The elementwise pieces are plain functions collected in `LayerOps`; modules call them
-through their `ops` attribute so that a GPU engine can swap in fused kernels
-(`DecoderModel.use_ops`) while the CPU keeps these exact eager ops (bit-parity with HF).
+The elementwise pieces are plain functions collected in `LayerOps`; every forward takes
+the `ops` to use, chosen by the executor that runs the model, so a GPU executor runs fused
+kernels while a CPU one keeps these exact eager ops (bit-parity with HF) on the same weights.
 """
 
 from __future__ import annotations
@@ -34,10 +34,9 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.zeros(dim) if gemma_style else torch.ones(dim))
         self.eps = eps
         self.gemma_style = gemma_style
-        self.ops = EAGER_OPS
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.ops.rms_norm(x, self.weight, self.eps, self.gemma_style)
+    def forward(self, x: torch.Tensor, ops: LayerOps) -> torch.Tensor:
+        return ops.rms_norm(x, self.weight, self.eps, self.gemma_style)
 
 
 def _llama3_scaled(inv_freq: torch.Tensor, scaling: dict) -> torch.Tensor:
@@ -122,7 +121,6 @@ class GatedMLP(nn.Module):
         self.gate_up_proj = nn.Linear(hidden, 2 * intermediate, bias=False)
         self.down_proj = nn.Linear(intermediate, hidden, bias=False)
         self.activation = activation
-        self.ops = EAGER_OPS
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(self.ops.act_and_mul(self.gate_up_proj(x), self.activation))
+    def forward(self, x: torch.Tensor, ops: LayerOps) -> torch.Tensor:
+        return self.down_proj(ops.act_and_mul(self.gate_up_proj(x), self.activation))

@@ -33,9 +33,10 @@ from dataclasses import dataclass
 
 import torch
 
-from tts_runtime.engine.attention import AttentionBackend, AttentionMetadata
-from tts_runtime.engine.executor import ModelInput, ModelOutput
+from tts_runtime.executor.attention import AttentionBackend
+from tts_runtime.executor.batch import AttentionMetadata, ModelInput, ModelOutput
 from tts_runtime.models.decoder import DecoderModel
+from tts_runtime.models.layers import LayerOps
 
 PAD_SLOT = -1
 # Small sizes exactly, then steps of 16: a batch pads by at most 15 rows.
@@ -129,19 +130,19 @@ class StaticDecodeBuffers:
 
 
 def padded_decode_logits(model: DecoderModel, kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
-                         backend: AttentionBackend, buffers: StaticDecodeBuffers,
+                         backend: AttentionBackend, ops: LayerOps, buffers: StaticDecodeBuffers,
                          padded: int) -> torch.Tensor:
     """The forward a graph captures: rows [0, padded) of the buffers -> logits [padded, vocab]."""
     hidden = model(buffers.input_ids[:padded], buffers.positions[:padded], kv_caches,
-                   buffers.metadata(padded), backend)
+                   buffers.metadata(padded), backend, ops)
     return model.compute_logits(hidden)
 
 
 class CudaGraphRunner:
     """Captures decode graphs at construction and replays them for decode-only batches.
 
-    Build it after the KV cache (the graphs bake in its addresses) and after the model's
-    ops are final (fused kernels are captured as they are). Capture runs largest size
+    Build it after the KV cache (the graphs bake in its addresses); the layer ops it is
+    given are captured as they are. Capture runs largest size
     first so the smaller graphs fit in the memory the largest one already reserved.
     """
 
@@ -150,7 +151,7 @@ class CudaGraphRunner:
     WARMUP_RUNS = 2
 
     def __init__(self, model: DecoderModel, kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
-                 backend: AttentionBackend, *, max_num_seqs: int, max_blocks_per_seq: int,
+                 backend: AttentionBackend, ops: LayerOps, *, max_num_seqs: int, max_blocks_per_seq: int,
                  block_size: int, sizes: Sequence[int] = DEFAULT_CAPTURE_SIZES) -> None:
         device = kv_caches[0][0].device
         if device.type != "cuda" or backend.name != "triton":
@@ -158,6 +159,7 @@ class CudaGraphRunner:
         self.model = model
         self.kv_caches = kv_caches
         self.backend = backend
+        self.ops = ops
         self.sizes = capture_sizes(max_num_seqs, sizes)
         # What the graphs keep reserved (static buffers and the graphs' pool), for the memory
         # profile. Measured between emptied allocator caches (torch.cuda.graph empties it
@@ -180,12 +182,12 @@ class CudaGraphRunner:
             # The buffers hold only padding here, so warm-up runs write no KV.
             with torch.cuda.stream(stream):
                 for _ in range(self.WARMUP_RUNS):
-                    padded_decode_logits(self.model, self.kv_caches, self.backend, self.buffers, size)
+                    padded_decode_logits(self.model, self.kv_caches, self.backend, self.ops, self.buffers, size)
             torch.cuda.synchronize(device)
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=pool, stream=stream):
                 self._logits[size] = padded_decode_logits(self.model, self.kv_caches, self.backend,
-                                                          self.buffers, size)
+                                                          self.ops, self.buffers, size)
             self._graphs[size] = graph
         torch.cuda.synchronize(device)
 

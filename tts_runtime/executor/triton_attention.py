@@ -30,7 +30,7 @@ import triton
 import triton.language as tl
 from triton.runtime.interpreter import InterpretedFunction
 
-from tts_runtime.engine.attention import AttentionMetadata
+from tts_runtime.executor.batch import AttentionMetadata
 
 
 @triton.jit

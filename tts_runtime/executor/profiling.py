@@ -13,9 +13,10 @@ from typing import Callable, Literal
 
 import torch
 
-from tts_runtime.engine.attention import AttentionMetadata, select_backend
-from tts_runtime.engine.executor import LocalExecutor, ModelInput
-from tts_runtime.engine.kv_cache import allocate_kv_cache
+from tts_runtime.executor.attention import select_backend
+from tts_runtime.executor.batch import AttentionMetadata, ModelInput
+from tts_runtime.executor.local import LocalExecutor
+from tts_runtime.executor.kv_cache import allocate_kv_cache
 from tts_runtime.models.loader import LoadedModel
 
 EngineRole = Literal["generate", "score"]

@@ -1,0 +1,1 @@
+"""The device side of the engine: everything that holds device memory and runs forwards."""

@@ -1,0 +1,59 @@
+"""Builds the device side of one engine: KV memory, attention backend, layer ops, CUDA
+graphs, and the executor that runs forwards with them."""
+
+from __future__ import annotations
+
+from concurrent.futures import Future
+from typing import Protocol
+
+import torch
+
+from tts_runtime.config import EngineConfig
+from tts_runtime.executor.attention import AttentionBackend, select_backend
+from tts_runtime.executor.batch import ModelInput, ModelOutput
+from tts_runtime.executor.cuda_graphs import CudaGraphRunner
+from tts_runtime.executor.kv_cache import KVAllocation, KVCaches, allocate_kv_cache
+from tts_runtime.executor.local import LocalExecutor
+from tts_runtime.models.layers import EAGER_OPS, LayerOps
+from tts_runtime.models.loader import LoadedModel
+
+
+class Executor(Protocol):
+    def submit(self, batch: ModelInput) -> Future[ModelOutput]: ...
+
+    def shutdown(self) -> None: ...
+
+
+def layer_ops(device: torch.device, config: EngineConfig) -> LayerOps:
+    """Fused Triton kernels on CUDA when `compile` is on; the eager ops otherwise (the CPU
+    path, bit-exact with HF)."""
+    if device.type == "cuda" and config.compile:
+        from tts_runtime.models.fused_ops import FUSED_OPS  # imports triton: CUDA only
+
+        return FUSED_OPS
+    return EAGER_OPS
+
+
+def decode_graphs(loaded: LoadedModel, kv_caches: KVCaches, backend: AttentionBackend, ops: LayerOps,
+                  config: EngineConfig, num_blocks: int) -> CudaGraphRunner | None:
+    """Decode CUDA graphs on CUDA with the triton backend; never built on CPU."""
+    device = kv_caches[0][0].device
+    if not (device.type == "cuda" and config.cuda_graphs and backend.name == "triton"):
+        return None
+    block_size = config.cache.block_size
+    # A sequence never holds more blocks than its context or the pool allows.
+    max_blocks = min(-(-loaded.arch.max_position_embeddings // block_size), num_blocks)
+    return CudaGraphRunner(loaded.model, kv_caches, backend, ops, max_num_seqs=config.scheduler.max_num_seqs,
+                           max_blocks_per_seq=max_blocks, block_size=block_size)
+
+
+def build_local_executor(loaded: LoadedModel, config: EngineConfig, num_blocks: int,
+                         kv: KVAllocation | None = None) -> LocalExecutor:
+    weight = loaded.model.output_weight
+    device, dtype = weight.device, weight.dtype
+    caches = kv.caches if kv is not None else allocate_kv_cache(
+        loaded.arch, num_blocks, config.cache.block_size, dtype, device)
+    backend = select_backend(config.attention_backend, device, config.group_decodes_by_length)
+    ops = layer_ops(device, config)
+    return LocalExecutor(loaded.model, caches, backend, ops,
+                         decode_graphs(loaded, caches, backend, ops, config, num_blocks))

@@ -1,0 +1,52 @@
+"""The local executor: the whole model in the driver's process (pipeline degree 1).
+
+`submit` returns a future so the engine drives every executor alike; a pipeline keeps
+several microbatches in flight, this one resolves each at once."""
+
+from __future__ import annotations
+
+from concurrent.futures import Future
+
+import torch
+
+from tts_runtime.executor.attention import AttentionBackend
+from tts_runtime.executor.batch import ModelInput, ModelOutput
+from tts_runtime.executor.cuda_graphs import CudaGraphRunner
+from tts_runtime.executor.kv_cache import KVCaches
+from tts_runtime.models.decoder import DecoderModel
+from tts_runtime.models.layers import EAGER_OPS, LayerOps
+
+
+class LocalExecutor:
+    """Runs the model with the layer ops and attention backend it was built with. With
+    `graphs` (CUDA only), decode-only batches the runner accepts replay a captured graph."""
+
+    def __init__(self, model: DecoderModel, kv_caches: KVCaches, backend: AttentionBackend,
+                 ops: LayerOps = EAGER_OPS, graphs: CudaGraphRunner | None = None) -> None:
+        self.model = model
+        self.kv_caches = kv_caches
+        self.backend = backend
+        self.ops = ops
+        self.graphs = graphs
+
+    def submit(self, batch: ModelInput) -> Future[ModelOutput]:
+        future: Future[ModelOutput] = Future()
+        future.set_result(self.execute(batch))
+        return future
+
+    @torch.inference_mode()
+    def execute(self, batch: ModelInput) -> ModelOutput:
+        if self.graphs is not None and self.graphs.can_run(batch):
+            return self.graphs.run(batch)
+        hidden = self.model(batch.input_ids, batch.positions, self.kv_caches, batch.meta, self.backend, self.ops)
+        return compute_output_logits(self.model, hidden, batch)
+
+    def shutdown(self) -> None:
+        pass
+
+
+def compute_output_logits(model: DecoderModel, hidden: torch.Tensor, batch: ModelInput) -> ModelOutput:
+    """Only the rows that are used, and for scores only the candidate columns."""
+    sample_logits = model.compute_logits(hidden[batch.sample_rows])
+    score_logits = [model.compute_logits(hidden[rows], columns) for rows, columns in batch.score_rows]
+    return ModelOutput(sample_logits, score_logits)
