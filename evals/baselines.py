@@ -19,10 +19,10 @@ from dataclasses import dataclass
 
 import torch
 
-from evals.datasets import Problem
 from search.beams import Beam, StepCounts, derive_seed
 from search.config import STEP_DELIMITER, SearchConfig
 from search.driver import solve
+from search.problem import Problem
 from search.prm import PRMFormat, ScoreQuery, make_prm_format
 from search.prompts import PromptBuilder
 from search.results import ProblemResult
@@ -96,7 +96,7 @@ class HFSteps:
             ids, text, reason = self._parse(generated, max_new, to_eos)
             self.counts.generated_tokens += len(ids)
             children[beam_index].append(beams[beam_index].child(
-                ids, text, reason, max_len=models.max_len, step_tokens=config.max_step_tokens))
+                ids, text, reason, max_len=models.max_len))
         return children
 
     def _parse(self, generated: list[int], max_new: int, to_eos: bool) -> tuple[list[int], str, str]:

@@ -21,12 +21,13 @@ from typing import Any
 
 from evals.baselines import HFModels, run_baseline
 from evals.bench import SideBySide
-from evals.datasets import Problem, load_problems
+from evals.datasets import load_problems
 from evals.environment import environment
 from evals.metrics import EngineCounters, RunCounters, accuracy, throughput
 from memory.split import MemoryConfig
 from search.config import SearchConfig
 from search.driver import run_search
+from search.problem import Problem
 from search.score_cache import ScoreCache
 from tts_runtime.runtime import Runtime
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 import json
 import os
 import re
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from search.problem import Problem
 from tts_runtime.config import ConfigError
 
 KNOWN_DATASETS = ("math500",)
@@ -18,15 +18,6 @@ _MATH500_RELATIVE = Path("math500") / "test.jsonl"
 
 class DatasetError(ConfigError):
     """A dataset that cannot be found or read; the CLI prints it as one line."""
-
-
-@dataclass(frozen=True)
-class Problem:
-    id: str
-    question: str
-    answer: str
-    level: int | None
-    subject: str | None
 
 
 def load_problems(

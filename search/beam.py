@@ -1,18 +1,19 @@
-"""PRM-guided beam search (search-and-learn's `_beam_search`, with its gaps fixed).
+"""PRM-guided beam search (search-and-learn's `_beam_search`; docs/semantics.md lists
+where it differs and the switch for each).
 
 Each iteration: refill the survivors to `n` active beams by copying, generate one step per
-beam, PRM-score every beam, move completed beams aside, drop exact-duplicate texts
-(optional), keep the best n // M by aggregated score. Stops after `num_iterations` or when
-no active beam remains.
-
-Fixed against search-and-learn: when no beam completed, the active beams are returned
-instead of dividing by zero; the kept completed beams are not padded to n with copies
-(copies would add weight to one answer in the votes).
+beam (at the last iteration, with `eos_sampling`, the rest of the solution), PRM-score
+every beam, move completed beams aside, drop exact-duplicate texts (optional), keep the
+best n // M by aggregated score. Stops after `num_iterations` or when no active beam
+remains. The result is the first n completed beams (or the best n, `sort_completed`),
+padded to n with copies (`pad_completed`). When no beam completed, search-and-learn fails;
+here the survivors are returned and the result says so (`completed_beams == 0`).
 """
 
 from __future__ import annotations
 
 from search.beams import Beam, StepBackend
+from search.config import SearchConfig
 
 
 async def beam_search(steps: StepBackend) -> list[Beam]:
@@ -32,8 +33,9 @@ async def beam_search(steps: StepBackend) -> list[Beam]:
             break
         if config.filter_duplicates:
             active = unique_texts(active)
-        survivors = top(active, config.keep, config.aggregation)
-    return final_beams(completed, survivors, config.n, config.aggregation, config.sort_completed)
+        survivors = keep(active, config)
+    steps.counts.completed_beams = len(completed)
+    return final_beams(completed, survivors, config)
 
 
 def refill(survivors: list[Beam], n: int) -> list[Beam]:
@@ -51,13 +53,24 @@ def unique_texts(beams: list[Beam]) -> list[Beam]:
 
 
 def top(beams: list[Beam], k: int, aggregation: str) -> list[Beam]:
-    """The k best by aggregated score; ties keep the earlier beam (stable sort)."""
+    """The k best by aggregated score, best first; ties keep the earlier beam (stable sort)."""
     return sorted(beams, key=lambda beam: beam.score(aggregation), reverse=True)[:k]
 
 
-def final_beams(completed: list[Beam], active: list[Beam], n: int, aggregation: str,
-                sort_completed: bool) -> list[Beam]:
+def keep(active: list[Beam], config: SearchConfig) -> list[Beam]:
+    """The n // M best active beams, in generation order or best first (`survivor_order`)."""
+    best = top(active, config.keep, config.aggregation)
+    if config.survivor_order == "score":
+        return best
+    chosen = {id(beam) for beam in best}
+    return [beam for beam in active if id(beam) in chosen]
+
+
+def final_beams(completed: list[Beam], active: list[Beam], config: SearchConfig) -> list[Beam]:
     pool = completed or active
-    if sort_completed:
-        pool = top(pool, len(pool), aggregation)
-    return pool[:n]
+    if config.sort_completed:
+        pool = top(pool, len(pool), config.aggregation)
+    pool = pool[:config.n]
+    if config.pad_completed and completed:
+        pool = refill(pool, config.n)
+    return pool

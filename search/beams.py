@@ -45,18 +45,19 @@ class Beam:
     def score(self, aggregation: str) -> float:
         return aggregate(self.step_scores, aggregation)  # type: ignore[arg-type]
 
-    def child(self, token_ids: list[int], text: str, finish_reason: str | None, *,
-              max_len: int, step_tokens: int) -> Beam:
+    def child(self, token_ids: list[int], text: str, finish_reason: str | None, *, max_len: int) -> Beam:
         """This beam plus one generation (a step, or a whole solution split into steps).
 
-        The child completes on EOS, a length stop, an empty step, or when one more step of
-        `step_tokens` might not fit in the generator's context of `max_len`."""
+        The child completes on EOS, a length stop (the step cap, or the generator's context
+        of `max_len` tokens is full: vLLM's rule, which search-and-learn inherits), or a step
+        holding no text. A whitespace-only step also counts as empty: search-and-learn ends a
+        beam only on a step of zero characters and scores a blank step like any other."""
         ids = self.token_ids + list(token_ids)
         new_steps = split_steps(text)
         reason = finish_reason if finish_reason in ("eos", "length") else None
         if reason is None and not new_steps:
             reason = FINISH_EMPTY
-        if reason is None and len(ids) + step_tokens >= max_len:
+        if reason is None and len(ids) >= max_len:
             reason = FINISH_LENGTH
         return Beam(ids, self.prompt_len, self.steps + new_steps, list(self.step_scores), reason)
 
@@ -85,6 +86,7 @@ class StepCounts:
     prm_cached_tokens: int = 0  # of those, served from the PRM's prefix cache
     prm_requests: int = 0
     iterations: int = 0
+    completed_beams: int = 0  # beam search: beams that completed (0: the result holds survivors)
 
 
 class StepBackend(Protocol):

@@ -10,11 +10,13 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from search.aggregate import check_aggregation
+from search.grading import check_vote_ties
 from search.prm import prm_format_class
 from tts_runtime.config import ConfigError
 
 METHODS: tuple[str, ...] = ("beam", "bon", "dvts")
 STEP_DELIMITER = "\n\n"
+SURVIVOR_ORDERS: tuple[str, ...] = ("original", "score")
 
 
 @dataclass(frozen=True)
@@ -25,20 +27,30 @@ class SearchConfig:
     num_iterations: int = 40
     temperature: float = 0.8
     top_p: float = 1.0
-    # search-and-learn caps every step at 2048 tokens; a step of SmolLM2 rarely passes
-    # ~150, and a runaway step costs minutes on a CPU, so the cap is lower here.
-    max_step_tokens: int = 256
-    # Cap for a whole solution: best-of-N samples and end-of-sequence sampling.
+    # Token cap per step, as search-and-learn's recipes (2048); the demo passes a smaller one.
+    max_step_tokens: int = 2048
+    # Cap for a whole solution: best-of-N samples and the last iteration's run to the end.
     max_tokens: int = 2048
     aggregation: str = "last"
-    # The search-and-learn beam-search recipe sets filter_duplicates; sort_completed
-    # makes the kept completed beams the best-scored ones, so the final pick is the
-    # best completed beam (with it off, the first n beams to complete are kept).
+    # The search-and-learn beam-search recipe sets filter_duplicates. With sort_completed off
+    # (search-and-learn's default) the first n beams to complete are kept; on, the best n.
     filter_duplicates: bool = True
-    sort_completed: bool = True
-    # At the last iteration let beams run to EOS instead of one more step (search-and-learn
-    # always does; the thesis does not).
-    eos_sampling: bool = False
+    sort_completed: bool = False
+    # At the last iteration every beam runs to the end (no step stop, `max_tokens` cap) and
+    # counts as completed, as search-and-learn does; off, the last iteration is one more step.
+    eos_sampling: bool = True
+    # Fewer than n completed beams are padded to n with copies (search-and-learn); the copies
+    # add weight to their answers in the votes.
+    pad_completed: bool = True
+    # "original": the kept beams stay in the order they were generated (search-and-learn
+    # marks the top n // M and keeps the rest of the list in place); "score": best first.
+    # The order decides which survivor each refilled copy comes from.
+    survivor_order: str = "original"
+    # Weighted vote: each candidate weighs its `vote_aggregation` score (search-and-learn's
+    # score.py always uses the last step's score); equal votes go to the group seen first
+    # ("first") or to the one holding the higher single score ("best").
+    vote_aggregation: str = "last"
+    vote_ties: str = "first"
     prm_format: str | None = None  # None: the PRM's own format (search.prm.default_format_for)
     # Searches in flight at once; their requests share the engines' batches.
     problem_batch: int = 8
@@ -62,6 +74,11 @@ class SearchConfig:
             if not ok:
                 raise ConfigError(f"invalid search parameter: {message}")
         check_aggregation(self.aggregation)
+        check_aggregation(self.vote_aggregation)
+        check_vote_ties(self.vote_ties)
+        if self.survivor_order not in SURVIVOR_ORDERS:
+            raise ConfigError(f"invalid search parameter: survivor order must be one of "
+                              f"{', '.join(SURVIVOR_ORDERS)}, got '{self.survivor_order}'")
         if self.prm_format is not None:
             prm_format_class(self.prm_format)
 

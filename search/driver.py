@@ -13,7 +13,8 @@ import asyncio
 import time
 from collections.abc import Callable, Sequence
 
-from evals.datasets import Problem
+from search.problem import Problem
+from search.progress import SearchProgress
 from search.beam import beam_search
 from search.beams import StepBackend
 from search.best_of_n import best_of_n
@@ -32,20 +33,27 @@ async def solve(steps: StepBackend, problem: Problem) -> ProblemResult:
     """Run the configured search on one problem through any step backend."""
     start = time.perf_counter()
     beams = await SEARCHES[steps.config.method](steps)
-    return summarize(problem, beams, steps.config.aggregation, steps.counts, time.perf_counter() - start)
+    return summarize(problem, beams, steps.config, steps.counts, time.perf_counter() - start)
 
 
 async def arun_search(runtime: Runtime, problems: Sequence[Problem], config: SearchConfig, *,
                       on_result: ResultCallback | None = None,
-                      cache: ScoreCache | None = None) -> list[ProblemResult]:
+                      cache: ScoreCache | None = None,
+                      progress: SearchProgress | None = None) -> list[ProblemResult]:
     """Search every problem; `on_result` sees each result as its problem ends (in finishing
-    order); the returned list is in problem order."""
+    order); the returned list is in problem order. `progress` shows the searches in flight."""
     session = SearchSession(runtime, config, cache)
     slots = asyncio.Semaphore(config.problem_batch)
+    live = progress if progress is not None else SearchProgress()
 
     async def one(problem: Problem) -> ProblemResult:
         async with slots:
-            result = await solve(session.steps_for(problem), problem)
+            steps = session.steps_for(problem)
+            live.in_flight[problem.id] = steps.counts
+            try:
+                result = await solve(steps, problem)
+            finally:
+                live.in_flight.pop(problem.id, None)
             session.cache.drop_problem(problem.id)
         if on_result is not None:
             on_result(result)
@@ -64,5 +72,7 @@ async def arun_search(runtime: Runtime, problems: Sequence[Problem], config: Sea
 
 def run_search(runtime: Runtime, problems: Sequence[Problem], config: SearchConfig, *,
                on_result: ResultCallback | None = None,
-               cache: ScoreCache | None = None) -> list[ProblemResult]:
-    return asyncio.run(arun_search(runtime, problems, config, on_result=on_result, cache=cache))
+               cache: ScoreCache | None = None,
+               progress: SearchProgress | None = None) -> list[ProblemResult]:
+    return asyncio.run(arun_search(runtime, problems, config, on_result=on_result, cache=cache,
+                                   progress=progress))

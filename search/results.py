@@ -2,8 +2,9 @@
 
 The final candidates (beam search: the kept completed beams; best-of-N: the N samples;
 DVTS: every subtree's last candidates) are ranked by aggregated PRM score. `prediction`
-is the answer of the best one (naive best-of-n); weighted and majority votes over the
-same candidates are reported beside it.
+is the answer of the best one (naive best-of-n, as search-and-learn's `pred`); weighted
+and majority votes over the same candidates are reported beside it, weighted by each
+candidate's `vote_aggregation` score as search-and-learn's score.py does.
 """
 
 from __future__ import annotations
@@ -11,9 +12,11 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from evals.datasets import Problem
-from evals.grading import extract_boxed, grade, majority_pick, weighted_pick
+from search.problem import Problem
+from search.answers import extract_answer
 from search.beams import Beam, StepCounts
+from search.config import SearchConfig
+from search.grading import grade, majority_pick, weighted_pick
 
 
 @dataclass
@@ -21,7 +24,7 @@ class BeamResult:
     steps: list[str]
     step_scores: list[float]
     score: float  # aggregated step scores
-    answer: str | None  # last \boxed{...} of the text
+    answer: str | None  # search.answers.extract_answer of the text
     finish_reason: str | None
     tokens: int  # generated tokens on this beam's path
 
@@ -49,6 +52,9 @@ class ProblemResult:
     prm_cached_tokens: int = 0
     prm_requests: int = 0
     iterations: int = 0
+    # Beam search: beams that completed; 0 means none did and `beams` are the survivors
+    # (search-and-learn fails there).
+    completed_beams: int = 0
     seconds: float = 0.0
 
     def to_dict(self) -> dict[str, Any]:
@@ -60,17 +66,19 @@ class ProblemResult:
         return cls(**{**row, "beams": beams})
 
 
-def summarize(problem: Problem, beams: list[Beam], aggregation: str, counts: StepCounts,
+def summarize(problem: Problem, beams: list[Beam], config: SearchConfig, counts: StepCounts,
               seconds: float) -> ProblemResult:
     records = [
-        BeamResult(list(beam.steps), list(beam.step_scores), beam.score(aggregation),
-                   extract_boxed(beam.text), beam.finish_reason, beam.generated_tokens)
+        BeamResult(list(beam.steps), list(beam.step_scores), beam.score(config.aggregation),
+                   extract_answer(beam.text), beam.finish_reason, beam.generated_tokens)
         for beam in beams
     ]
-    candidates = [(record.answer, record.score) for record in records]
+    vote_weights = [beam.score(config.vote_aggregation) for beam in beams]
+    candidates = [(record.answer, weight) for record, weight in zip(records, vote_weights)]
     best = max(records, key=lambda record: record.score, default=None)
     prediction = best.answer if best else None
-    weighted, majority = weighted_pick(candidates), majority_pick(candidates)
+    weighted = weighted_pick(candidates, config.vote_ties)  # type: ignore[arg-type]
+    majority = majority_pick(candidates, config.vote_ties)  # type: ignore[arg-type]
     return ProblemResult(
         id=problem.id, level=problem.level, subject=problem.subject, reference=problem.answer,
         prediction=prediction, correct=grade(prediction, problem.answer),
@@ -79,4 +87,4 @@ def summarize(problem: Problem, beams: list[Beam], aggregation: str, counts: Ste
         majority_prediction=majority, majority_correct=grade(majority, problem.answer),
         beams=records, generated_tokens=counts.generated_tokens, prm_tokens=counts.prm_tokens,
         prm_cached_tokens=counts.prm_cached_tokens, prm_requests=counts.prm_requests,
-        iterations=counts.iterations, seconds=seconds)
+        iterations=counts.iterations, completed_beams=counts.completed_beams, seconds=seconds)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Sequence
 
-from evals.datasets import Problem
+from search.problem import Problem
 from search.beams import Beam, StepCounts, derive_seed
 from search.config import STEP_DELIMITER, SearchConfig
 from search.prm import PRMFormat, ScoreQuery, default_format_for, make_prm_format
@@ -85,7 +85,7 @@ class EngineSteps:
                     self.counts.generated_tokens += len(completion.token_ids)
                     children[index].append(beams[index].child(
                         completion.token_ids, completion.text, completion.finish_reason,
-                        max_len=self._max_len, step_tokens=self.config.max_step_tokens))
+                        max_len=self._max_len))
         return children
 
     def _params(self, beam: Beam, iteration: int, index: int, n: int, to_eos: bool) -> SamplingParams:

@@ -4,15 +4,8 @@ from pathlib import Path
 
 import pytest
 
-from evals.grading import (
-    canonical_answer,
-    extract_boxed,
-    grade,
-    majority_pick,
-    naive_pick,
-    vote,
-    weighted_pick,
-)
+from search.answers import extract_boxed
+from search.grading import canonical_answer, grade, majority_pick, naive_pick, vote, weighted_pick
 
 
 def _data_dir() -> Path:
@@ -86,17 +79,6 @@ def test_grade_table(prediction: str | None, reference: str, expected: bool) -> 
     assert grade(prediction, reference) is expected
 
 
-def test_extract_boxed() -> None:
-    assert extract_boxed(r"so $\boxed{\frac{1}{2}}$") == r"\frac{1}{2}"
-    assert extract_boxed(r"first \boxed{1}, then \boxed{a_{1}^{2}} done") == "a_{1}^{2}"
-    assert extract_boxed(r"\boxed{\{1,\{2\}\}} and \fbox{7}.") == "7"
-    assert extract_boxed(r"\fbox{7} then \boxed{\left\{ x \right.}") == r"\left\{ x \right."
-    assert extract_boxed(r"The answer is $\boxed 5$.") == "5"
-    assert extract_boxed(r"\boxed {12}") == "12"
-    assert extract_boxed(r"\boxed{\frac{1}{2}") is None
-    assert extract_boxed("no box here") is None
-
-
 def test_canonical_forms_collide() -> None:
     half = {canonical_answer(a) for a in (r"\frac12", r"\dfrac{1}{2}", "1/2", r"\tfrac{1}{2}")}
     assert len(half) == 1
@@ -119,20 +101,28 @@ def test_voting() -> None:
         ("4", 0.2),
     ]
     assert naive_pick(candidates) == "3"
-    # 1/2 totals 1.4 against 1.1 for 4 and 0.95 for 3; the best-scoring 1/2 form is returned.
-    assert weighted_pick(candidates) == r"\dfrac{1}{2}"
-    assert majority_pick(candidates) == r"\dfrac{1}{2}"
+    # 1/2 totals 1.4 against 1.1 for 4 and 0.95 for 3. search-and-learn names a group by its
+    # first member; the "best" rule by its best-scored one.
+    assert weighted_pick(candidates) == r"\frac12"
+    assert weighted_pick(candidates, "best") == r"\dfrac{1}{2}"
+    assert majority_pick(candidates) == r"\frac12"
     assert vote(candidates, "naive") == "3"
-    assert vote(candidates, "weighted") == r"\dfrac{1}{2}"
-    assert vote(candidates, "maj") == r"\dfrac{1}{2}"
+    assert vote(candidates, "weighted") == r"\frac12"
+    assert vote(candidates, "maj", "best") == r"\dfrac{1}{2}"
 
 
 def test_voting_ties_and_empty() -> None:
     tie = [("1", 0.4), ("2", 0.9), ("1", 0.3), ("2", 0.1)]
-    assert majority_pick(tie) == "2"  # two each; "2" holds the higher single score
+    assert majority_pick(tie) == "1"  # two each: search-and-learn takes the group seen first
+    assert majority_pick(tie, "best") == "2"  # "2" holds the higher single score
+    even = [("1", 0.5), ("2", 0.25), ("2", 0.25)]
+    assert weighted_pick(even) == "1"
+    assert weighted_pick(even, "best") == "1"
+    assert weighted_pick(list(reversed(even))) == "2"
+    assert naive_pick([("8", 0.5), ("9", 0.5)]) == "8"  # equal scores: the first candidate
     for method in ("naive", "weighted", "maj"):
         assert vote([], method) is None
-    # Unanswered beams never outvote an answer.
+    # Unanswered beams never outvote an answer (search-and-learn would count "" as one).
     assert majority_pick([(None, 0.9), (None, 0.8), ("7", 0.1)]) == "7"
     assert weighted_pick([(None, 0.9), (None, 0.8)]) is None
     with pytest.raises(ValueError, match="vote method"):

@@ -11,8 +11,10 @@ import math
 
 import pytest
 
-from evals.datasets import Problem, load_problems
-from evals.grading import extract_boxed, grade, majority_pick, weighted_pick
+from evals.datasets import load_problems
+from search.answers import extract_answer
+from search.grading import grade, majority_pick, weighted_pick
+from search.problem import Problem
 from search import ScoreCache, SearchConfig, run_search
 from search.beam import refill
 from search.beams import Beam, split_steps
@@ -20,7 +22,9 @@ from search.driver import solve
 from search.session import SearchSession
 from tts_runtime.config import ConfigError
 
-SMALL = dict(n=4, beam_width=2, num_iterations=2, max_step_tokens=40)
+# eos_sampling off: the last iteration is one more step, so every iteration is comparable
+# (tests/test_semantics.py covers the default run to the end).
+SMALL = dict(n=4, beam_width=2, num_iterations=2, max_step_tokens=40, max_tokens=48, eos_sampling=False)
 
 
 @pytest.fixture(scope="module")
@@ -99,13 +103,14 @@ def test_steps_keep_their_delimiter_and_drop_blank_pieces():
 
 def test_child_completion_rules():
     root = Beam([1, 2, 3], 3)
-    step = dict(max_len=100, step_tokens=10)
+    step = dict(max_len=100)
     assert root.child([7, 8], "Step one\n\n", "stop", **step).finish_reason is None
     assert root.child([7], "Done.", "eos", **step).finish_reason == "eos"
     assert root.child([7] * 10, "runaway", "length", **step).finish_reason == "length"
     assert root.child([7], "\n\n", "stop", **step).finish_reason == "empty"
-    # The next step could overflow the generator's context: completed now.
-    assert root.child([7] * 87, "long\n\n", "stop", **step).finish_reason == "length"
+    # The generator's context is full (vLLM's rule): completed, however the step ended.
+    assert root.child([7] * 97, "long\n\n", "stop", **step).finish_reason == "length"
+    assert root.child([7] * 96, "long\n\n", "stop", **step).finish_reason is None
     child = root.child([7, 8], "a\n\n", "stop", **step)
     assert child.token_ids == [1, 2, 3, 7, 8] and child.generated_tokens == 2 and root.steps == []
 
@@ -132,6 +137,7 @@ def test_beam_search_keeps_n_beams_and_refills_from_the_top(sampled_beam):
             if not beam.completed and beam.text not in {u.text for u in unique}:
                 unique.append(beam)
         best = sorted(unique, key=lambda beam: beam.score("last"), reverse=True)[:config.keep]
+        best = [beam for beam in unique if any(beam is b for b in best)]  # in generation order
         assert rec.expanded[iteration][0] == refill(best, config.n)
         assert len({id(beam) for beam in rec.expanded[iteration][0]}) == len(best)
 
@@ -150,19 +156,19 @@ def test_beam_search_scores_every_step_and_grows_one_step_per_iteration(sampled_
 
 
 @pytest.mark.slow
-def test_beam_search_final_pick_is_best_completed_beam(sampled_beam, problems):
+def test_beam_search_final_pick_is_best_of_the_first_completed(sampled_beam, problems):
     result, rec, _ = sampled_beam
     completed = [beam for scored in rec.scored for beam in scored if beam.completed]
-    for beam in completed:
-        assert beam.finish_reason in ("eos", "length", "empty")
-    if completed:
-        assert len(result.beams) == min(len(completed), rec.config.n)
-    pool = completed or [beam for beam in rec.scored[-1] if not beam.completed]
-    best = max(pool, key=lambda beam: beam.score("last"))
-    assert result.score == pytest.approx(best.score("last"))
-    assert result.prediction == extract_boxed(best.text)
+    assert all(beam.finish_reason in ("eos", "length", "empty") for beam in completed)
+    assert result.completed_beams == len(completed)
+    # The first n to complete (sort_completed off), padded to n; the survivors when none did.
+    first = completed[:rec.config.n]
+    assert len(result.beams) == (rec.config.n if completed else rec.config.keep)
+    assert [b.steps for b in result.beams[:len(first)]] == [b.steps for b in first]
+    best = max(result.beams, key=lambda beam: beam.score)
+    assert result.score == pytest.approx(best.score)
+    assert result.prediction == best.answer == extract_answer(best.text)
     assert result.correct == grade(result.prediction, problems[0].answer)
-    assert result.beams == sorted(result.beams, key=lambda b: b.score, reverse=True)
 
 
 @pytest.mark.slow
@@ -186,8 +192,8 @@ def test_steps_complete_on_eos(search_runtime):
 @pytest.mark.slow
 def test_eos_sampling_lets_the_last_iteration_run_past_step_ends(search_runtime, problems):
     # One iteration, so it is the last: no stop at "\n\n", the whole-solution cap applies.
-    result, _, _ = trace(search_runtime, problems[0], **{**SMALL, "num_iterations": 1, "max_step_tokens": 8},
-                         max_tokens=40, eos_sampling=True, temperature=0.0)
+    result, _, _ = trace(search_runtime, problems[0], **{**SMALL, "num_iterations": 1, "max_step_tokens": 8,
+                                                          "max_tokens": 40, "eos_sampling": True}, temperature=0.0)
     for beam in result.beams:
         assert beam.finish_reason in ("eos", "length")
         assert beam.tokens == 40 and len(beam.steps) >= 2

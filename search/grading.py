@@ -1,4 +1,7 @@
-"""Answer extraction, equivalence grading and voting for MATH-style problems."""
+"""Equivalence grading and voting over extracted answers (MATH-style problems).
+
+The answers come from `search.answers.extract_answer`; a reference answer is compared
+with `grade`, and scored candidates are reduced to one answer with `vote`."""
 
 from __future__ import annotations
 
@@ -6,53 +9,26 @@ import logging
 import re
 import threading
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from functools import lru_cache
 from typing import Literal
 
 from math_verify import parse, verify
 from math_verify.parser import ExprExtractionConfig, LatexExtractionConfig
 
+from search.answers import extract_boxed
+from tts_runtime.config import ConfigError
+
 # math_verify logs a warning for every unparsable string; graders see many of those.
 logging.getLogger("math_verify").setLevel(logging.ERROR)
 
 VoteMethod = Literal["naive", "weighted", "maj"]
+VoteTies = Literal["first", "best"]
+VOTE_TIES: tuple[str, ...] = ("first", "best")
 
 _BOX_COMMANDS = ("\\boxed", "\\fbox")
 _TIMEOUT_S = 5
 _EXTRACTION = (LatexExtractionConfig(), ExprExtractionConfig())
-
-
-def extract_boxed(text: str) -> str | None:
-    """Content of the last `\\boxed{...}` / `\\fbox{...}` (brace-matched) or `\\boxed 5`."""
-    start = max(text.rfind(cmd) for cmd in _BOX_COMMANDS)
-    if start < 0:
-        return None
-    cmd = next(c for c in _BOX_COMMANDS if text.startswith(c, start))
-    rest = text[start + len(cmd) :].lstrip()
-    if rest.startswith("{"):
-        return _braced(rest)
-    # `\boxed 5`: the argument is the next token, up to whitespace or `$`.
-    match = re.match(r"[^\s$]+", rest)
-    return match.group(0) if match else None
-
-
-def _braced(text: str) -> str | None:
-    """`text` starts with `{`: return what lies inside its matching `}` (None if unbalanced)."""
-    depth = 0
-    escaped = False
-    for i, char in enumerate(text):
-        if escaped:  # `\{` and `\}` are literal braces, not grouping
-            escaped = False
-        elif char == "\\":
-            escaped = True
-        elif char == "{":
-            depth += 1
-        elif char == "}":
-            depth -= 1
-            if depth == 0:
-                return text[1:i]
-    return None
 
 
 # Unit words that MATH answers append with \mbox / \text (e.g. `864 \mbox{ inches}^2`).
@@ -157,41 +133,63 @@ def canonical_answer(text: str | None) -> str | None:
 
 
 def naive_pick(candidates: Sequence[tuple[str | None, float]]) -> str | None:
-    """The answer of the single highest-scoring candidate."""
+    """The answer of the single highest-scoring candidate (the first of equal scores)."""
     if not candidates:
         return None
     return max(candidates, key=lambda c: c[1])[0]
 
 
-def weighted_pick(candidates: Sequence[tuple[str | None, float]]) -> str | None:
+def weighted_pick(candidates: Sequence[tuple[str | None, float]], ties: VoteTies = "first") -> str | None:
     """The answer whose equivalent candidates have the largest total score."""
-    groups = _group(candidates)
-    if not groups:
-        return None
-    best = max(groups.values(), key=lambda members: (sum(s for _, s in members), _best_score(members)))
-    return _representative(best)
+    return _pick(candidates, lambda members: sum(score for _, score in members), ties)
 
 
-def majority_pick(candidates: Sequence[tuple[str | None, float]]) -> str | None:
-    """The most frequent answer; ties go to the group holding the higher single score."""
-    groups = _group(candidates)
-    if not groups:
-        return None
-    best = max(groups.values(), key=lambda members: (len(members), _best_score(members)))
-    return _representative(best)
+def majority_pick(candidates: Sequence[tuple[str | None, float]], ties: VoteTies = "first") -> str | None:
+    """The most frequent answer."""
+    return _pick(candidates, len, ties)
 
 
-def vote(candidates: Sequence[tuple[str | None, float]], method: VoteMethod) -> str | None:
+def vote(candidates: Sequence[tuple[str | None, float]], method: VoteMethod,
+         ties: VoteTies = "first") -> str | None:
     """Pick an answer from scored candidates with `naive`, `weighted` or `maj` voting."""
-    pickers = {"naive": naive_pick, "weighted": weighted_pick, "maj": majority_pick}
-    if method not in pickers:
-        raise ValueError(f"unknown vote method '{method}'; choose naive, weighted or maj")
-    return pickers[method](candidates)
+    if method == "naive":
+        return naive_pick(candidates)
+    if method == "weighted":
+        return weighted_pick(candidates, ties)
+    if method == "maj":
+        return majority_pick(candidates, ties)
+    raise ValueError(f"unknown vote method '{method}'; choose naive, weighted or maj")
 
 
-def _group(candidates: Sequence[tuple[str | None, float]]) -> dict[str, list[tuple[str | None, float]]]:
-    # Candidates without an answer cannot win a vote: many unfinished beams must not outvote one answer.
-    groups: dict[str, list[tuple[str | None, float]]] = defaultdict(list)
+def check_vote_ties(ties: str) -> VoteTies:
+    if ties not in VOTE_TIES:
+        raise ConfigError(f"unknown vote tie rule '{ties}'; choose one of {', '.join(VOTE_TIES)}")
+    return ties  # type: ignore[return-value]
+
+
+Members = list[tuple[str | None, float]]
+
+
+def _pick(candidates: Sequence[tuple[str | None, float]], weight: Callable[[Members], float],
+          ties: VoteTies) -> str | None:
+    """The group of equivalent answers with the largest weight.
+
+    `first` (search-and-learn): of equal weights the group seen first wins, named by its
+    first member. `best`: the group holding the higher single score wins, named by its
+    best-scored member."""
+    groups = _group(candidates)
+    if not groups:
+        return None
+    if ties == "first":
+        return max(groups.values(), key=weight)[0][0]
+    best = max(groups.values(), key=lambda members: (weight(members), _best_score(members)))
+    return max(best, key=lambda c: c[1])[0]
+
+
+def _group(candidates: Sequence[tuple[str | None, float]]) -> dict[str, Members]:
+    # Candidates without an answer cannot win a vote: many unfinished beams must not outvote
+    # one answer (search-and-learn groups their "" like an answer).
+    groups: dict[str, Members] = defaultdict(list)
     for answer, score in candidates:
         key = canonical_answer(answer)
         if key is not None:
@@ -199,9 +197,5 @@ def _group(candidates: Sequence[tuple[str | None, float]]) -> dict[str, list[tup
     return groups
 
 
-def _best_score(members: list[tuple[str | None, float]]) -> float:
+def _best_score(members: Members) -> float:
     return max(score for _, score in members)
-
-
-def _representative(members: list[tuple[str | None, float]]) -> str | None:
-    return max(members, key=lambda c: c[1])[0]
