@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import ray
-from ray.exceptions import RayActorError, RayTaskError
+from ray.exceptions import ActorUnavailableError, RayError, RayTaskError
 
 from tts_runtime.config import ConfigError
 
@@ -147,7 +147,7 @@ class ReplicaPool:
             ready, _ = ray.wait(list(self._pings), num_returns=len(self._pings), timeout=_READY_TIMEOUT_S)
             for ref in ready:
                 self._pings.pop(ref).info = ray.get(ref)
-        except RayActorError as exc:
+        except RayError as exc:
             raise ConfigError(f"a replica could not start: {_cause(exc)}") from None
         if self._pings:
             raise ConfigError(f"{len(self._pings)} replica(s) not placed within {_READY_TIMEOUT_S:.0f} s")
@@ -213,11 +213,11 @@ class ReplicaPool:
         item = replica.in_flight.pop(ref)
         try:
             value = ray.get(ref)
-        except RayActorError as exc:
+        except RayTaskError as exc:  # the search raised: the replica is fine
+            return self._failed(item, _cause(exc), queue)
+        except RayError as exc:  # the actor died (crash, kill, Ray's out-of-memory killer, lost node)
             self._died(replica)
             return self._failed(item, f"replica {replica.index} died: {_cause(exc)}", queue)
-        except RayTaskError as exc:
-            return self._failed(item, _cause(exc), queue)
         replica.done += 1
         return Outcome(item.key, value)
 
@@ -242,7 +242,9 @@ class ReplicaPool:
         try:
             replica.info = ray.get(ref)
             replica.state = "ready"
-        except RayActorError:
+        except ActorUnavailableError:  # Ray has not restarted it yet: ask again
+            self._pings[replica.handle.ready.remote()] = replica
+        except RayError:
             replica.state = "dead"
             self.restarts -= 1
             self.lost += 1

@@ -12,6 +12,7 @@ import shlex
 import sys
 import time
 from collections.abc import Callable
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Annotated, Any, Optional
 
@@ -24,7 +25,9 @@ from rich.text import Text
 from evals.bench_search import SearchBench, bench_search
 from evals.datasets import load_problems
 from evals.report import RunFolder
+from evals.ray_pool import ScaleOut
 from evals.run import run_config, run_into_folder
+from evals.scaleout import ReplicaSpec, run_scaled
 from memory.report import profile_command
 from memory.split import MemoryConfig, parse_size
 from memory.sweep import sweep_memory
@@ -116,6 +119,12 @@ def _make_search_command(method: str, summary: str) -> None:
                                                              "6GiB (default: the GPU's, 8GiB on CPU).")] = None,
         memory_split: Annotated[float, typer.Option(help="Share of the KV budget for the PRM.")] = 0.3,
         memory_policy: Annotated[str, typer.Option(help="static, auto or elastic.")] = "static",
+        replicas: Annotated[Optional[int], typer.Option(help="Run N runtime replicas as Ray actors (one per "
+                                                        "GPU; on CPU --threads-per-replica each).")] = None,
+        ray_address: Annotated[Optional[str], typer.Option(help="Join this Ray cluster (default: a local one "
+                                                           "started for the run).")] = None,
+        threads_per_replica: Annotated[int, typer.Option(help="Torch threads (and Ray CPUs) per "
+                                                         "replica.")] = 1,
     ) -> None:
         config = SearchConfig(
             method=method, n=n, beam_width=beam_width, num_iterations=num_iterations,
@@ -125,15 +134,25 @@ def _make_search_command(method: str, summary: str) -> None:
         selection = {"name": dataset, "path": dataset_path, "limit": limit,
                      "levels": sorted(_csv(levels, "levels", int) or []) or None,
                      "ids": sorted(_csv(ids, "ids", str) or []) or None}
+        scale = _scale_out(replicas, ray_address, threads_per_replica, device)
         _run_search_command(config, selection, generator, prm, out, resume, device,
-                            _memory_config(device_memory, memory_split, memory_policy))
+                            _memory_config(device_memory, memory_split, memory_policy), scale)
 
     search_command.__doc__ = summary
     command(app, method)(search_command)
 
 
+def _scale_out(replicas: int | None, ray_address: str | None, threads: int, device: str) -> ScaleOut | None:
+    """None: search in this process; else how to spread the run over Ray."""
+    if replicas is None and ray_address is None:
+        return None
+    gpus = 1 if resolve_device(device).type == "cuda" else 0
+    return ScaleOut(replicas=1 if replicas is None else replicas, address=ray_address,
+                    threads_per_replica=threads, gpus_per_replica=gpus)
+
+
 def _run_search_command(config: SearchConfig, selection: dict, generator: str, prm: str, out: Path | None,
-                        resume: bool, device: str, memory: MemoryConfig) -> None:
+                        resume: bool, device: str, memory: MemoryConfig, scale: ScaleOut | None = None) -> None:
     problems = load_problems(selection["name"], dataset_path=selection["path"], limit=selection["limit"],
                              levels=set(selection["levels"]) if selection["levels"] else None,
                              ids=set(selection["ids"]) if selection["ids"] else None)
@@ -147,12 +166,17 @@ def _run_search_command(config: SearchConfig, selection: dict, generator: str, p
     resolve_device(device)
     folder = RunFolder.open(out or Path("runs") / f"{config.method}-{time.strftime('%Y%m%d-%H%M%S')}",
                             resume=resume)
+    if scale is not None:
+        _run_scaled_command(config, selection, problems, ReplicaSpec(generator, prm, memory, EngineConfig(device=device)),
+                            folder, scale)
+        return
     console.print(f"loading {generator} + {prm} ...")
     runtime = Runtime(generator, prm, memory=memory, engine_config=EngineConfig(device=device))
     try:
         folder.write_config(run_config(runtime, config, selection, sys.argv))
         finished = {result.id for result in folder.finished_results()}
-        with _SearchProgress(runtime, sum(problem.id not in finished for problem in problems)) as progress:
+        with _SearchProgress(lambda: runtime.generator.stats.generated_tokens,
+                             sum(problem.id not in finished for problem in problems)) as progress:
             outcome = run_into_folder(runtime, problems, config, folder, on_result=progress.advance)
     except KeyboardInterrupt:
         console.print(f"interrupted: finished problems are in {folder.path}; continue with --resume "
@@ -160,6 +184,40 @@ def _run_search_command(config: SearchConfig, selection: dict, generator: str, p
         raise typer.Exit(130) from None
     finally:
         runtime.shutdown()
+    _print_summary(outcome.metrics, folder.path)
+
+
+def _run_scaled_command(config: SearchConfig, selection: dict, problems: list, spec: ReplicaSpec,
+                        folder: RunFolder, scale: ScaleOut) -> None:
+    """The run on Ray replicas; one progress bar, started once the replicas are up."""
+    generated = [0]
+    with ExitStack() as stack:
+        bars: list[_SearchProgress] = []
+
+        def started(pool, todo: int) -> None:
+            hosts = sorted({replica.info.host for replica in pool.replicas})
+            console.print(f"{len(pool.replicas)} replica(s) of {spec.generator} + {spec.prm} up on "
+                          f"{', '.join(hosts)}")
+            bars.append(stack.enter_context(_SearchProgress(lambda: generated[0], todo)))
+
+        def landed(result) -> None:
+            generated[0] += result.generated_tokens
+            bars[0].advance(result)
+
+        try:
+            outcome = run_scaled(spec, problems, config, folder, scale, dataset=selection, command=sys.argv,
+                                 on_start=started, on_result=landed)
+        except KeyboardInterrupt:
+            console.print(f"interrupted: finished problems are in {folder.path}; continue with --resume "
+                          f"--out {shlex.quote(str(folder.path))}")
+            raise typer.Exit(130) from None
+    scaleout = outcome.metrics["scaleout"]
+    for failure in scaleout["failed"]:
+        console.print(f"failed twice, not in results.jsonl (--resume retries it): {failure['id']}: "
+                      f"{failure['error']}")
+    if scaleout["retries"] or scaleout["replica_restarts"]:
+        console.print(f"{scaleout['retries']} problem(s) re-queued; {scaleout['replica_restarts']} replica(s) "
+                      f"restarted, {scaleout['replicas_lost']} lost")
     _print_summary(outcome.metrics, folder.path)
 
 
@@ -180,14 +238,14 @@ class _Rate(ProgressColumn):
 class _SearchProgress:
     """Problems this session still has to solve, accuracy so far, live problems/s and tokens/s."""
 
-    def __init__(self, runtime, total: int) -> None:
+    def __init__(self, generated_tokens: Callable[[], float], total: int) -> None:
         self.correct = 0
         self.done = 0
         self.bar = Progress(
             TextColumn("[bold]problems"), BarColumn(), MofNCompleteColumn(),
             TextColumn("acc {task.fields[accuracy]}"),
             _Rate(lambda: self.done, "problems/s"),
-            _Rate(lambda: runtime.generator.stats.generated_tokens, "tok/s"),
+            _Rate(generated_tokens, "tok/s"),
             TimeElapsedColumn(), console=console)
         self.task = self.bar.add_task("search", total=total, accuracy="-")
 

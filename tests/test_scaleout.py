@@ -1,0 +1,155 @@
+"""Scale-out on Ray with real processes: a local Ray cluster started and stopped by this
+module, replicas of the real demo models, real MATH-500 problems, tiny greedy searches.
+
+Replicas load the models from the on-disk cache (~/.cache/tts) in their own processes;
+the cluster has 2 CPUs, so two replicas of one thread each fit, as on CI's 2-core box."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import ray
+from typer.testing import CliRunner
+
+from evals.datasets import load_problems
+from evals.ray_pool import ReplicaPool, ScaleOut
+from evals.report import METRICS_FILE, RESULTS_FILE, RunFolder
+from evals.run import RunOutcome
+from evals.scaleout import ReplicaSpec, run_scaled
+from memory.split import MemoryConfig
+from search import ProblemResult, SearchConfig
+from tests.conftest import GENERATOR, PRM
+from tts_runtime.cli import app
+from tts_runtime.config import EngineConfig
+
+# Greedy, so a problem's result cannot depend on which replica solved it or what it shared
+# a batch with; two problems in flight per replica exercise the replica's own batching.
+SEARCH = SearchConfig(method="beam", n=2, beam_width=2, num_iterations=2, max_step_tokens=16,
+                      temperature=0.0, problem_batch=2)
+SPEC = ReplicaSpec(GENERATOR, PRM, MemoryConfig(device_memory=3 << 30), EngineConfig(device="cpu"))
+CLI_TINY = ["--n", "2", "--beam-width", "2", "--num-iterations", "2", "--max-step-tokens", "16",
+            "--temperature", "0", "--problem-batch", "1", "--device", "cpu", "--device-memory", "3GiB"]
+
+
+@pytest.fixture(scope="module")
+def cluster() -> str:
+    """A 2-CPU local cluster for this module; yields its address for drivers in subprocesses."""
+    # The shared development box runs close to its memory limit because of other work;
+    # Ray's memory monitor would then kill replicas that are well within their own share.
+    os.environ.setdefault("RAY_memory_monitor_refresh_ms", "0")
+    ray.init(num_cpus=2, include_dashboard=False, object_store_memory=100 << 20, configure_logging=False)
+    try:
+        yield ray.get_runtime_context().gcs_address
+    finally:
+        ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def problems(math500_path: Path):
+    return load_problems("math500", dataset_path=str(math500_path), limit=3)
+
+
+def _run(folder: Path, problems, replicas: int, **hooks) -> RunOutcome:
+    return run_scaled(SPEC, problems, SEARCH, RunFolder.open(folder, resume=False), ScaleOut(replicas=replicas),
+                      dataset={"name": "math500", "limit": len(problems)}, command=["pytest"], **hooks)
+
+
+def _ids(folder: Path) -> list[str]:
+    return [json.loads(line)["id"] for line in (folder / RESULTS_FILE).read_text().splitlines()]
+
+
+def _same_search(a: ProblemResult, b: ProblemResult) -> None:
+    assert (a.prediction, a.correct, a.generated_tokens) == (b.prediction, b.correct, b.generated_tokens), a.id
+    assert [beam.steps for beam in a.beams] == [beam.steps for beam in b.beams], a.id
+    assert [beam.score for beam in a.beams] == pytest.approx([beam.score for beam in b.beams], abs=1e-4), a.id
+
+
+@pytest.fixture(scope="module")
+def one_replica(cluster, problems, tmp_path_factory) -> dict[str, ProblemResult]:
+    folder = tmp_path_factory.mktemp("one-replica")
+    outcome = _run(folder, problems, 1)
+    assert sorted(_ids(folder)) == sorted(p.id for p in problems)
+    return {result.id: result for result in outcome.new}
+
+
+def test_two_replicas_give_the_results_of_one(cluster, problems, one_replica, tmp_path):
+    outcome = _run(tmp_path, problems, 2)
+    assert sorted(_ids(tmp_path)) == sorted(one_replica)
+    for result in outcome.new:
+        _same_search(result, one_replica[result.id])
+    scale = outcome.metrics["scaleout"]
+    assert scale["replicas"] == 2 and scale["retries"] == 0 and scale["failed"] == []
+    # Both replicas took problems from the one queue; the run folder is an ordinary one.
+    assert all(replica["done"] >= 1 for replica in scale["per_replica"])
+    assert outcome.metrics["problems"] == 3 and outcome.metrics["throughput"]["generated_tokens"] > 0
+    assert json.loads((tmp_path / "config.json").read_text())["scaleout"]["replicas"] == 2
+
+
+def test_a_killed_replica_is_restarted_and_its_problems_requeued(cluster, problems, one_replica, tmp_path):
+    pools: list[ReplicaPool] = []
+    killed: list[int] = []
+
+    def kill_a_busy_replica(result: ProblemResult) -> None:
+        busy = [r for r in pools[0].replicas if r.in_flight and r.state == "ready"]
+        if not killed and busy:
+            os.kill(busy[0].info.pid, signal.SIGKILL)
+            killed.append(busy[0].index)
+
+    outcome = _run(tmp_path, problems, 2, on_start=lambda pool, todo: pools.append(pool),
+                   on_result=kill_a_busy_replica)
+    assert killed, "no replica had a problem in flight when the first result came back"
+    assert sorted(_ids(tmp_path)) == sorted(one_replica)  # every problem, each once
+    for result in outcome.new:
+        _same_search(result, one_replica[result.id])
+    scale = outcome.metrics["scaleout"]
+    assert scale["retries"] >= 1 and scale["replica_restarts"] == 1 and scale["failed"] == []
+    assert json.loads((tmp_path / METRICS_FILE).read_text())["scaleout"]["retries"] == scale["retries"]
+
+
+def test_driver_sigkill_then_resume_loses_nothing_and_repeats_nothing(cluster, math500_path, tmp_path):
+    out = tmp_path / "run"
+    command = [sys.executable, "-m", "tts_runtime.cli", "beam", "--dataset-path", str(math500_path),
+               "--limit", "3", *CLI_TINY, "--replicas", "1", "--ray-address", cluster, "--out", str(out)]
+    driver = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 600
+        while not ((out / RESULTS_FILE).exists() and (out / RESULTS_FILE).read_text().count("\n") >= 1):
+            assert driver.poll() is None and time.monotonic() < deadline, "the driver ended before a result"
+            time.sleep(0.2)
+        driver.send_signal(signal.SIGKILL)
+    finally:
+        driver.kill()
+        driver.wait()
+    before = _ids(out)
+    assert 1 <= len(before) < 3
+    # The dead driver owned its replica: Ray ends it and the cluster's CPUs come free.
+    deadline = time.monotonic() + 120
+    while ray.available_resources().get("CPU", 0) < 2:
+        assert time.monotonic() < deadline, "the killed driver's replica still holds its CPU"
+        time.sleep(0.5)
+    resumed = subprocess.run([*command, "--resume"], capture_output=True, text=True, timeout=600)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    after = _ids(out)
+    assert after[:len(before)] == before and sorted(set(after)) == sorted(after) and len(after) == 3
+    metrics = json.loads((out / METRICS_FILE).read_text())
+    assert metrics["problems"] == 3 and metrics["throughput"]["problems"] == 3 - len(before)
+
+
+@pytest.mark.parametrize("args, fragment", [
+    (["--replicas", "0"], "--replicas must be >= 1"),
+    (["--replicas", "1", "--threads-per-replica", "0"], "--threads-per-replica must be >= 1"),
+    (["--replicas", "2", "--threads-per-replica", "2"], "the Ray cluster has 2 CPUs; 2 replicas need 4"),
+])
+def test_bad_scaleout_input_is_one_line(cluster, math500_path, args, fragment, tmp_path):
+    result = CliRunner().invoke(app, ["beam", "--dataset-path", str(math500_path), "--limit", "1", *CLI_TINY,
+                                      "--out", str(tmp_path / "run"), *args])
+    lines = result.output.strip().splitlines()
+    assert result.exit_code == 2 and len(lines) == 1 and lines[0].startswith("error: "), result.output
+    assert fragment in lines[0]
