@@ -345,6 +345,31 @@ def bench_search_command(
     typer.echo(report.markdown)
 
 
+@command(bench_app, "scaleout")
+def bench_scaleout_command(
+    limit: Annotated[int, typer.Option(help="First N MATH-500 problems.")] = 8,
+    n: Annotated[int, typer.Option()] = 4,
+    beam_width: Annotated[int, typer.Option()] = 4,
+    num_iterations: Annotated[int, typer.Option()] = 5,
+    max_step_tokens: Annotated[int, typer.Option()] = 64,
+    problem_batch: Annotated[int, typer.Option(help="Searches in flight per replica.")] = 8,
+    rounds: Annotated[int, typer.Option(help="Alternating rounds of the three variants; medians.")] = 2,
+    dataset_path: Annotated[Optional[str], typer.Option()] = None,
+    device_memory: Annotated[Optional[str], typer.Option(help="Memory budget per replica.")] = "3GiB",
+) -> None:
+    """Problems/min on Ray: 1 and 2 replicas of 1 thread, 1 replica of 2 threads, CPU (writes
+    scaleout.json/md)."""
+    from evals.bench_scaleout import ScaleoutBench, bench_scaleout
+
+    config = SearchConfig(method="beam", n=n, beam_width=beam_width, num_iterations=num_iterations,
+                          max_step_tokens=max_step_tokens, problem_batch=problem_batch)
+    spec = ReplicaSpec(DEFAULT_GENERATOR, DEFAULT_PRM, _memory_config(device_memory, 0.3, "static"),
+                       EngineConfig(device="cpu"))
+    path = bench_scaleout(ScaleoutBench(spec, config, limit, rounds, dataset_path),
+                          command=["tts", *sys.argv[1:]], log=console.print)
+    typer.echo(path.read_text())
+
+
 @command(bench_app, "engine")
 def bench_engine_command(
     num_prompts: Annotated[int, typer.Option(help="Generate workload: prompts.")] = 64,

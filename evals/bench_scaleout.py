@@ -1,0 +1,93 @@
+"""`tts bench scaleout`: one beam-search run on Ray replicas, side by side: 1 replica of 1
+thread, 2 replicas of 1 thread each, 1 replica of 2 threads; same problems, same seeds,
+one local cluster, rounds alternating (A, B, C, A, B, C ...), medians reported.
+
+Problems/min counts from the moment every replica is up to the last result (model
+loading is reported apart as startup seconds): it is what a long run converges to.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from evals.bench import SideBySide, write_report
+from evals.datasets import load_problems
+from evals.ray_pool import ScaleOut, ray_cluster
+from evals.report import RunFolder
+from evals.scaleout import ReplicaSpec, run_scaled
+from search.config import SearchConfig
+
+VARIANTS: dict[str, tuple[int, int]] = {  # label: (replicas, threads per replica)
+    "1 replica x 1 thread": (1, 1),
+    "2 replicas x 1 thread": (2, 1),
+    "1 replica x 2 threads": (1, 2),
+}
+
+
+@dataclass(frozen=True)
+class ScaleoutBench:
+    spec: ReplicaSpec
+    config: SearchConfig
+    limit: int = 8
+    rounds: int = 2
+    dataset_path: str | None = None
+
+
+def _measure(bench: ScaleoutBench, problems: Sequence, replicas: int, threads: int) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory() as tmp:
+        outcome = run_scaled(bench.spec, problems, bench.config, RunFolder.open(Path(tmp) / "run", resume=False),
+                             ScaleOut(replicas=replicas, threads_per_replica=threads),
+                             dataset={"name": "math500", "limit": bench.limit}, command=["tts", "bench", "scaleout"])
+    speed, scale = outcome.metrics["throughput"], outcome.metrics["scaleout"]
+    return {"problems_per_min": speed["problems_per_min"], "seconds": speed["seconds"],
+            "generator_tokens_per_s": speed["generator_tokens_per_s"], "startup_seconds": scale["startup_seconds"],
+            "accuracy": outcome.metrics["accuracy"], "predictions": {r.id: r.prediction for r in outcome.new}}
+
+
+def bench_scaleout(bench: ScaleoutBench, *, command: Sequence[str], log: Callable[[str], None]) -> Path:
+    problems = load_problems("math500", dataset_path=bench.dataset_path, limit=bench.limit)
+    side = SideBySide("scaleout")
+
+    def variant(label: str, replicas: int, threads: int) -> Callable[[], dict]:
+        def run() -> dict:
+            row = _measure(bench, problems, replicas, threads)
+            log(f"  {label}: {row['problems_per_min']:.2f} problems/min ({row['seconds']:.0f} s, "
+                f"startup {row['startup_seconds']:.0f} s)")
+            return row
+        return run
+
+    # One local cluster with 2 CPUs serves every variant: 2 x 1 and 1 x 2 threads both fill it.
+    with ray_cluster(ScaleOut(replicas=2)):
+        side.run({label: variant(label, *shape) for label, shape in VARIANTS.items()}, bench.rounds)
+    base = next(iter(VARIANTS))
+    rows = []
+    for label, (replicas, threads) in VARIANTS.items():
+        runs = side.runs[label]
+        same = [sum(run["predictions"][pid] == reference["predictions"][pid] for pid in reference["predictions"])
+                for run, reference in zip(runs, side.runs[base])]
+        rows.append({
+            "variant": label, "replicas": replicas, "threads_per_replica": threads,
+            "problems_per_min": side.median(label, "problems_per_min"),
+            "speedup": side.median(label, "problems_per_min") / side.median(base, "problems_per_min"),
+            "generator_tokens_per_s": side.median(label, "generator_tokens_per_s"),
+            "run_seconds": side.median(label, "seconds"), "startup_seconds": side.median(label, "startup_seconds"),
+            "accuracy": side.median(label, "accuracy"),
+            "same_prediction_as_1x1": f"{min(same)}/{len(problems)}",
+            "problems_per_min_each_round": [round(run["problems_per_min"], 3) for run in runs],
+        })
+    summary = {"problems": len(problems), "rounds": bench.rounds, "search": bench.config.to_dict(),
+               **{f"speedup {row['variant']}": row["speedup"] for row in rows[1:]}}
+    notes = [f"{len(problems)} MATH-500 problems, beam search n={bench.config.n} M={bench.config.beam_width}, "
+             f"{bench.config.num_iterations} iterations, step cap {bench.config.max_step_tokens} tokens, "
+             f"problem batch {bench.config.problem_batch} per replica, T={bench.config.temperature}; "
+             f"{bench.rounds} alternating rounds, medians.",
+             "problems/min runs from all replicas up to the last result; startup (Ray actor + model load) "
+             "is the startup_seconds column.",
+             f"{rows[1]['speedup']:.2f}x for 2 replicas of 1 thread, "
+             f"{rows[2]['speedup']:.2f}x for 1 replica with 2 threads, over 1 replica of 1 thread."]
+    return write_report("scaleout", "Scale-out with Ray: problems/min by replicas and threads",
+                        " ".join(command), summary, rows, notes)
