@@ -4,7 +4,10 @@ Settings are every static split of `--splits` plus `auto` and `elastic` (`--poli
 Each setting builds a fresh Runtime over the same loaded models and memory profiles and
 runs the same search on the same problems (seeded, so the searches match). With
 `--repeats R` the settings run round-robin R times (A, B, C, A, B, C, ...) and every
-number is the median over the repeats: the machines are shared and noisy.
+number is the median over the repeats: the machines are shared and noisy. With
+`--replicas N` the (setting, repeat) runs go out from one queue to N Ray replicas
+(evals/ray_pool.py), each of which loads and profiles the models once; runs side by
+side share the machine, so compare settings within one sweep only.
 
 Writes to the sweep folder:
 
@@ -39,6 +42,7 @@ import typer
 
 from evals.bench import SideBySide, machine_info
 from evals.datasets import Problem, load_problems
+from evals.ray_pool import ReplicaInfo, ReplicaPool, ScaleOut, WorkItem, ray_cluster
 from memory.plots import plot_sweep
 from memory.profile import MemoryProfile, format_bytes
 from memory.split import POLICIES, MemoryConfig, Workload, parse_size
@@ -215,6 +219,69 @@ def _prm_share(runtime: Runtime) -> float:
     return statistics.fmean(owned) / per_chunk / runtime.plan.chunks.num_chunks
 
 
+class SweepReplica:
+    """A Ray actor for `--replicas`: loads and profiles the models once, then runs the
+    settings it is handed, one at a time, each on a fresh Runtime."""
+
+    def __init__(self, generator: str, prm: str, dtype: str, engine_config: EngineConfig, threads: int) -> None:
+        torch.set_num_threads(threads)
+        dev = resolve_device(engine_config.device)
+        gen_loaded = load_model(generator, resolve_dtype(dtype, dev), dev)
+        prm_loaded = load_model(prm, resolve_dtype(dtype, dev), dev)
+        self.models = SweepModels(gen_loaded, prm_loaded, profile_models(gen_loaded, prm_loaded, engine_config))
+
+    def ready(self) -> ReplicaInfo:
+        return ReplicaInfo.here()
+
+    def run(self, setting: SweepSetting, problems: list[Problem], search: SearchConfig, memory: MemoryConfig,
+            engine_config: EngineConfig, workload: Workload) -> tuple[dict, dict]:
+        result = run_setting(setting, self.models, problems, search, memory, engine_config, workload)
+        gc.collect()  # the finished runtime's KV pool goes before the next one is built
+        return result
+
+
+@dataclass(frozen=True)
+class SweepParallel:
+    """`--replicas N`: settings run side by side on N Ray replicas, each loading the models."""
+
+    scale: ScaleOut
+    generator: str
+    prm: str
+    dtype: str
+
+
+def _failed_row(setting: SweepSetting, error: str) -> dict:
+    row = {column: 0 for column in SWEEP_COLUMNS}
+    return {**row, "setting": setting.label, "policy": setting.policy,
+            "prm_fraction": setting.prm_fraction or 0.0, "error": error}
+
+
+def _run_parallel(settings: list[SweepSetting], problems: list[Problem], search: SearchConfig, memory: MemoryConfig,
+                  engine_config: EngineConfig, workload: Workload, repeats: int, parallel: SweepParallel,
+                  echo) -> tuple[dict[str, list[dict]], dict[str, dict]]:
+    """Every (setting, repeat) from one queue, in round-robin order, over the replicas."""
+    by_key = {f"{s.label}#{r}": s for r in range(repeats) for s in settings}
+    items = [WorkItem(key, (s, problems, search, memory, engine_config, workload)) for key, s in by_key.items()]
+    runs: dict[str, list[dict]] = {}
+    metrics: dict[str, dict] = {}
+    with ray_cluster(parallel.scale):
+        pool = ReplicaPool(SweepReplica, (parallel.generator, parallel.prm, parallel.dtype, engine_config,
+                                          parallel.scale.threads_per_replica), parallel.scale)
+        try:
+            pool.wait_ready()
+            for outcome in pool.run("run", items):
+                setting = by_key[outcome.key]
+                row, setting_metrics = (_failed_row(setting, outcome.error), None) if outcome.error else outcome.value
+                if setting_metrics is not None:
+                    metrics.setdefault(setting.label, setting_metrics)
+                runs.setdefault(setting.label, []).append(row)
+                echo(f"  {setting.label:<12} {row['problems_per_s']:.4f} problems/s"
+                     + (f"  FAILED: {row['error']}" if row["error"] else ""))
+        finally:
+            pool.shutdown()
+    return runs, metrics
+
+
 @dataclass
 class SweepResult:
     rows: list[dict]
@@ -228,7 +295,12 @@ class SweepResult:
 
 def run_sweep(settings: list[SweepSetting], models: SweepModels, problems: list[Problem], search: SearchConfig,
               memory: MemoryConfig, engine_config: EngineConfig, workload: Workload, repeats: int = 1,
-              echo=typer.echo) -> SweepResult:
+              echo=typer.echo, parallel: SweepParallel | None = None) -> SweepResult:
+    if parallel is not None:
+        runs, metrics = _run_parallel(settings, problems, search, memory, engine_config, workload, repeats,
+                                      parallel, echo)
+        rows = [_median_row(runs[s.label]) for s in settings]
+        return SweepResult(rows, metrics, _summary(rows))
     metrics: dict[str, dict] = {}
     failed: dict[str, dict] = {}
 
@@ -380,6 +452,9 @@ def sweep_memory(
     repeats: Annotated[int, typer.Option(help="round-robin repeats; numbers are medians (a setting that cannot run is run once)")] = 1,
     out: Annotated[Optional[Path], typer.Option(help="sweep folder (default runs/sweep-<time>)")] = None,
     markdown: Annotated[Optional[Path], typer.Option(help="also write a benchmark report here")] = None,
+    replicas: Annotated[Optional[int], typer.Option(help="run the settings side by side on N Ray replicas")] = None,
+    ray_address: Annotated[Optional[str], typer.Option(help="join this Ray cluster (default: a local one)")] = None,
+    threads_per_replica: Annotated[int, typer.Option(help="torch threads (and Ray CPUs) per replica")] = 1,
 ) -> None:
     """Run one search workload at many memory splits and policies; write sweep.csv/json and plots."""
     settings = settings_for(parse_splits(splits), [p.strip() for p in policies.split(",") if p.strip()])
@@ -391,6 +466,12 @@ def sweep_memory(
     engine_config = EngineConfig(device=device, scheduler=SchedulerConfig(max_num_batched_tokens=max_num_batched_tokens))
     if repeats < 1:
         raise ConfigError(f"repeats must be >= 1, got {repeats}")
+    parallel = None
+    if replicas is not None or ray_address is not None:
+        scale = ScaleOut(replicas=1 if replicas is None else replicas, address=ray_address,
+                         threads_per_replica=threads_per_replica,
+                         gpus_per_replica=int(resolve_device(device).type == "cuda"))
+        parallel = SweepParallel(scale, generator, prm, dtype)
     problems = load_problems(dataset, dataset_path=dataset_path, limit=limit)
     dev = resolve_device(device)
     typer.echo(f"loading {generator} and {prm} ...")
@@ -400,7 +481,10 @@ def sweep_memory(
     models = SweepModels(gen_loaded, prm_loaded, profile_models(gen_loaded, prm_loaded, engine_config))
     workload = search_workload(search, problems, gen_loaded, prm_loaded)
     typer.echo(f"{len(settings)} settings x {repeats} repeat(s) on {len(problems)} problems")
-    result = run_sweep(settings, models, problems, search, memory, engine_config, workload, repeats)
+    if parallel is not None:
+        typer.echo(f"running the settings on {parallel.scale.replicas} Ray replica(s)")
+    result = run_sweep(settings, models, problems, search, memory, engine_config, workload, repeats,
+                       parallel=parallel)
     first = next(iter(result.metrics.values()))["plan"]
     header = {
         "command": _command_line(),

@@ -355,7 +355,7 @@ def bench_scaleout_command(
     problem_batch: Annotated[int, typer.Option(help="Searches in flight per replica.")] = 8,
     rounds: Annotated[int, typer.Option(help="Alternating rounds of the three variants; medians.")] = 2,
     dataset_path: Annotated[Optional[str], typer.Option()] = None,
-    device_memory: Annotated[Optional[str], typer.Option(help="Memory budget per replica.")] = "3GiB",
+    device_memory: Annotated[Optional[str], typer.Option(help="Memory budget per replica.")] = "2.5GiB",
 ) -> None:
     """Problems/min on Ray: 1 and 2 replicas of 1 thread, 1 replica of 2 threads, CPU (writes
     scaleout.json/md)."""
