@@ -20,6 +20,7 @@ Layouts (`|` marks piece boundaries, `^` the scoring position, i.e. the last tok
             head question| step1|<u→a>|+<a→u>|step2|<u→a>^  (each step a user turn, the
             assistant answered "+"; "+" vs "-" is predicted after the assistant opening).
 * math-shepherd:  [bos]question| step1| ки|\\nstep2| ки^  ("+" vs "-" at the tag).
+* math-shepherd-sal:  [bos]system\\nquestion\\n| step1| ки|\\n\\nstep2| ки^  (search-and-learn's input).
 * qwen-prm: head(system, question, assistant opening)|step1|<extra_0>|step2|<extra_0>^
 * judge:    head instruction question heading|\\n\\nstep1|\\n\\nstep2|\\n\\n<ask Yes/No><u→a>^
             Only the part up to the newest step is shared with the next call; the final
@@ -37,7 +38,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any, ClassVar
 
-from search.prompts import bos_ids, encode_text
+from search.prompts import SYSTEM_PROMPT, bos_ids, encode_text
 from tts_runtime.config import ConfigError
 from tts_runtime.engine.request import ScoreParams
 
@@ -203,22 +204,45 @@ class RLHFlowFormat(PRMFormat):
 
 @_register
 class MathShepherdFormat(PRMFormat):
-    """Math-Shepherd: question + " " + steps, each followed by the step tag " ки" and
-    separated by "\\n" (its training format); "+" vs "-" is read at the tag."""
+    """Math-Shepherd as its model card lays it out: question + " " + steps, each followed by
+    the step tag " ки" and separated by "\\n"; "+" vs "-" is read at the tag.
+
+    The candidate ids are the first token of "+" and "-" and the tag id the last token of
+    " ки", all read from the PRM's tokenizer (Mistral: 648, 387 and 12902, the ids the
+    model card and search-and-learn hard-code). A SentencePiece tokenizer that starts every
+    separately encoded piece with "▁" gives "▁+" and "▁ки", which is what such a model
+    reads after a space."""
 
     name = "math-shepherd"
     step_tag = " ки"
+    step_joiner = "\n"
 
     def __init__(self, tokenizer: Any) -> None:
         super().__init__(tokenizer)
         self.head = bos_text(tokenizer)
         self.candidate_token_ids = _candidates(tokenizer, "+", "-")
+        self.tag_id = encode_text(tokenizer, self.step_tag)[-1]
+
+    def _prompt(self, question: str) -> str:
+        return question
 
     def _pieces(self, question: str, steps: list[str]) -> tuple[list[str], list[str]]:
-        pieces = [self.head + question, " " + steps[0], self.step_tag]
+        pieces = [self.head + self._prompt(question), " " + steps[0], self.step_tag]
         for step in steps[1:]:
-            pieces += ["\n" + step, self.step_tag]
+            pieces += [self.step_joiner + step, self.step_tag]
         return pieces, []
+
+
+@_register
+class MathShepherdSALFormat(MathShepherdFormat):
+    """Math-Shepherd as search-and-learn feeds it: the generator's system prompt, "\\n",
+    the question, "\\n", then " " + the steps with each step's "\\n\\n" turned into " ки\\n\\n"."""
+
+    name = "math-shepherd-sal"
+    step_joiner = "\n\n"
+
+    def _prompt(self, question: str) -> str:
+        return f"{SYSTEM_PROMPT}\n{question}\n"
 
 
 @_register
@@ -287,10 +311,11 @@ def make_prm_format(name: str, tokenizer: Any, **options: Any) -> PRMFormat:
 
 
 def default_format_for(model_name: str) -> str:
-    """The format a PRM was trained with, judged by its name; `judge` for any other chat LLM
-    (including the gemma3-270m stand-in)."""
+    """The format search-and-learn feeds a PRM, judged by its name (for Math-Shepherd its own
+    layout, not the model card's: pass `math-shepherd` for that); `judge` for any other chat
+    LLM (including the gemma3-270m stand-in)."""
     lowered = model_name.lower()
-    for marker, fmt in (("rlhflow", "rlhflow"), ("shepherd", "math-shepherd"), ("qwen2.5-math-prm", "qwen-prm")):
+    for marker, fmt in (("rlhflow", "rlhflow"), ("shepherd", "math-shepherd-sal"), ("qwen2.5-math-prm", "qwen-prm")):
         if marker in lowered:
             return fmt
     return "judge"

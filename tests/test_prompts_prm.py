@@ -169,6 +169,61 @@ def test_math_shepherd_tag_is_one_token_in_gemma(gemma):
     assert _decode(gemma, [query.token_ids[query.positions[0]]]) == " ки"
 
 
+def test_math_shepherd_sal_layout(tokenizer):
+    """search-and-learn's input: system prompt, question, then the steps joined by " ки\\n\\n"."""
+    query = make_prm_format("math-shepherd-sal", tokenizer).build(QUESTION, STEPS)
+    body = SYSTEM_PROMPT + "\n" + QUESTION + "\n " + "\n\n".join(s.strip() + " ки" for s in STEPS)
+    bos = tokenizer.bos_token if query.token_ids[0] == tokenizer.bos_token_id else ""
+    assert _decode(tokenizer, query.token_ids) == bos + body
+
+
+# The ids below are written out by hand from each tokenizer's vocabulary.
+@pytest.mark.parametrize("name", ["math-shepherd", "math-shepherd-sal"])
+def test_math_shepherd_ids_pinned_gemma(gemma, name):
+    fmt = make_prm_format(name, gemma)
+    assert fmt.candidate_token_ids == (236862, 236772)  # "+", "-"
+    assert fmt.tag_id == 13584  # "▁ки": the whole " ки" is one token
+    query = fmt.build(QUESTION, STEPS[:2])
+    assert query.token_ids[query.positions[0]] == 13584
+
+
+@pytest.mark.parametrize("name", ["math-shepherd", "math-shepherd-sal"])
+def test_math_shepherd_ids_pinned_smollm(smollm, name):
+    fmt = make_prm_format(name, smollm)
+    assert fmt.candidate_token_ids == (27, 29)  # "+", "-"
+    assert fmt.tag_id == 7872  # " ки" is "Ġк" + "и": the score sits on "и"
+    query = fmt.build(QUESTION, STEPS[:2])
+    assert query.token_ids[query.positions[0] - 1:query.positions[0] + 1] == [31338, 7872]
+
+
+@pytest.fixture(scope="module")
+def sentencepiece_like():
+    """A word-level tokenizer with SentencePiece's Metaspace pre-tokenizer: every separately
+    encoded piece starts with "▁", as Llama-2 / Mistral (Math-Shepherd's base) tokenizers do."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    words = ["<unk>", "<s>", "</s>", "▁ки", "ки", "▁+", "▁-", "+", "-", "▁What", "▁is", "▁2+2?",
+             "▁Step", "▁1:", "▁4", "▁done"]
+    model = Tokenizer(models.WordLevel({word: i for i, word in enumerate(words)}, unk_token="<unk>"))
+    model.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="always")
+    model.decoder = decoders.Metaspace(replacement="▁", prepend_scheme="always")
+    return PreTrainedTokenizerFast(tokenizer_object=model, bos_token="<s>", eos_token="</s>", unk_token="<unk>")
+
+
+@pytest.mark.parametrize("name", ["math-shepherd", "math-shepherd-sal"])
+def test_math_shepherd_sentencepiece_pieces(sentencepiece_like, name):
+    fmt = make_prm_format(name, sentencepiece_like)
+    assert fmt.candidate_token_ids == (5, 6)  # "▁+", "▁-": what follows a space
+    assert fmt.tag_id == 3  # "▁ки"
+    steps = ["Step 1: 4\n\n", "done"]
+    one, two = fmt.build("What is 2+2?", steps[:1]), fmt.build("What is 2+2?", steps)
+    assert one.token_ids[one.positions[0]] == two.token_ids[two.positions[0]] == 3
+    assert two.token_ids[:len(one.token_ids)] == one.token_ids  # the first step's tag is reused
+    # Then the joiner + "done" (one word, not in this vocabulary: <unk>) and the tag.
+    assert two.token_ids[len(one.token_ids):] == [0, 3]
+
+
 def test_qwen_prm_layout(tokenizer):
     fmt = make_prm_format("qwen-prm", tokenizer)
     query = fmt.build(QUESTION, STEPS)
@@ -237,7 +292,7 @@ def test_unknown_format_lists_known_names(smollm):
     ("gemma3-270m", "judge"),
     ("smollm2-135m-instruct", "judge"),
     ("RLHFlow/Llama3.1-8B-PRM-Deepseek-Data", "rlhflow"),
-    ("peiyi9979/math-shepherd-mistral-7b-prm", "math-shepherd"),
+    ("peiyi9979/math-shepherd-mistral-7b-prm", "math-shepherd-sal"),
     ("Qwen/Qwen2.5-Math-PRM-7B", "qwen-prm"),
 ])
 def test_default_format_for(model, expected):
