@@ -8,12 +8,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from evals.datasets import Problem
 from evals.environment import environment
 from evals.metrics import RunCounters, run_metrics
 from evals.report import RunFolder
 from search.config import SearchConfig
 from search.driver import run_search
+from search.problem import Problem
+from search.progress import SearchProgress
 from search.results import ProblemResult
 from search.score_cache import ScoreCache
 from search.session import prm_format_name
@@ -53,7 +54,8 @@ def split_finished(folder: RunFolder, problems: Sequence[Problem]) -> tuple[list
 
 
 def run_into_folder(runtime: Runtime, problems: Sequence[Problem], config: SearchConfig, folder: RunFolder,
-                    *, on_result: Callable[[ProblemResult], None] | None = None) -> RunOutcome:
+                    *, on_result: Callable[[ProblemResult], None] | None = None,
+                    progress: SearchProgress | None = None) -> RunOutcome:
     previous, todo = split_finished(folder, problems)
     outcome = RunOutcome({}, previous)
 
@@ -67,7 +69,7 @@ def run_into_folder(runtime: Runtime, problems: Sequence[Problem], config: Searc
     before = RunCounters.read(runtime, cache)
     start = time.perf_counter()
     try:
-        run_search(runtime, todo, config, on_result=record, cache=cache)
+        run_search(runtime, todo, config, on_result=record, cache=cache, progress=progress)
     finally:
         folder.close()
     seconds = time.perf_counter() - start

@@ -32,6 +32,7 @@ from memory.report import profile_command
 from memory.split import MemoryConfig, parse_size
 from memory.sweep import sweep_memory
 from search.config import SearchConfig
+from search.progress import SearchProgress
 from tts_runtime.config import ConfigError, EngineConfig, resolve_device
 from tts_runtime.models.registry import ALIASES, BUILTIN_CONFIGS, resolve
 from tts_runtime.runtime import Runtime
@@ -106,9 +107,18 @@ def _make_search_command(method: str, summary: str) -> None:
         aggregation: Annotated[str, typer.Option(help="Step scores to beam score: last, min, prod, "
                                                  "mean.")] = _D.aggregation,
         filter_duplicates: Annotated[bool, typer.Option(help="Drop beams with identical text.")] = _D.filter_duplicates,
-        sort_completed: Annotated[bool, typer.Option(help="Keep the best-scored completed beams.")] = _D.sort_completed,
-        eos_sampling: Annotated[bool, typer.Option(help="At the last iteration let beams run to "
-                                                   "EOS.")] = _D.eos_sampling,
+        sort_completed: Annotated[bool, typer.Option(help="Keep the best-scored completed beams (off: the "
+                                                     "first n to complete).")] = _D.sort_completed,
+        eos_sampling: Annotated[bool, typer.Option(help="At the last iteration let beams run to the end "
+                                                   "(--max-tokens) and count them completed.")] = _D.eos_sampling,
+        pad_completed: Annotated[bool, typer.Option(help="Pad fewer than n completed beams to n with "
+                                                    "copies.")] = _D.pad_completed,
+        survivor_order: Annotated[str, typer.Option(help="Kept beams in generation order ('original') or "
+                                                    "best first ('score').")] = _D.survivor_order,
+        vote_aggregation: Annotated[str, typer.Option(help="Step scores to a weighted-vote weight: last, "
+                                                      "min, prod, mean.")] = _D.vote_aggregation,
+        vote_ties: Annotated[str, typer.Option(help="Equal votes: 'first' group seen or the 'best' "
+                                               "single score.")] = _D.vote_ties,
         problem_batch: Annotated[int, typer.Option(help="Searches in flight at once.")] = _D.problem_batch,
         seed: Annotated[int, typer.Option()] = _D.seed,
         out: Annotated[Optional[Path], typer.Option(help="Run folder (default runs/<method>-<time>).")] = None,
@@ -130,7 +140,9 @@ def _make_search_command(method: str, summary: str) -> None:
             method=method, n=n, beam_width=beam_width, num_iterations=num_iterations,
             temperature=temperature, top_p=top_p, max_step_tokens=max_step_tokens, max_tokens=max_tokens,
             aggregation=aggregation, filter_duplicates=filter_duplicates, sort_completed=sort_completed,
-            eos_sampling=eos_sampling, prm_format=prm_format, problem_batch=problem_batch, seed=seed)
+            eos_sampling=eos_sampling, pad_completed=pad_completed, survivor_order=survivor_order,
+            vote_aggregation=vote_aggregation, vote_ties=vote_ties, prm_format=prm_format,
+            problem_batch=problem_batch, seed=seed)
         selection = {"name": dataset, "path": dataset_path, "limit": limit,
                      "levels": sorted(_csv(levels, "levels", int) or []) or None,
                      "ids": sorted(_csv(ids, "ids", str) or []) or None}
@@ -175,9 +187,11 @@ def _run_search_command(config: SearchConfig, selection: dict, generator: str, p
     try:
         folder.write_config(run_config(runtime, config, selection, sys.argv))
         finished = {result.id for result in folder.finished_results()}
+        live = SearchProgress()
         with _SearchProgress(lambda: runtime.generator.stats.generated_tokens,
-                             sum(problem.id not in finished for problem in problems)) as progress:
-            outcome = run_into_folder(runtime, problems, config, folder, on_result=progress.advance)
+                             sum(problem.id not in finished for problem in problems), live.iteration) as progress:
+            outcome = run_into_folder(runtime, problems, config, folder, on_result=progress.advance,
+                                      progress=live)
     except KeyboardInterrupt:
         console.print(f"interrupted: finished problems are in {folder.path}; continue with --resume "
                       f"--out {shlex.quote(str(folder.path))}")
@@ -235,24 +249,48 @@ class _Rate(ProgressColumn):
         return Text(f"{value:.2f} {self.unit}")
 
 
-class _SearchProgress:
-    """Problems this session still has to solve, accuracy so far, live problems/s and tokens/s."""
+class _Now(ProgressColumn):
+    """A value read live (e.g. the furthest search iteration in flight)."""
 
-    def __init__(self, generated_tokens: Callable[[], float], total: int) -> None:
+    def __init__(self, read: Callable[[], object], label: str) -> None:
+        super().__init__()
+        self.read, self.label = read, label
+
+    def render(self, task) -> Text:
+        return Text(f"{self.label} {self.read()}")
+
+
+class _SearchProgress:
+    """Problems this session still has to solve, accuracy so far, the furthest iteration in
+    flight, live problems/s and tokens/s. Without a terminal (a pipe, a CI log) a live bar
+    shows nothing, so each finished problem is printed as one line instead."""
+
+    def __init__(self, generated_tokens: Callable[[], float], total: int,
+                 iteration: Callable[[], object] = lambda: "-") -> None:
         self.correct = 0
         self.done = 0
+        self.total = total
         self.bar = Progress(
             TextColumn("[bold]problems"), BarColumn(), MofNCompleteColumn(),
-            TextColumn("acc {task.fields[accuracy]}"),
+            TextColumn("acc {task.fields[accuracy]}"), _Now(iteration, "iteration"),
             _Rate(lambda: self.done, "problems/s"),
             _Rate(generated_tokens, "tok/s"),
-            TimeElapsedColumn(), console=console)
+            TimeElapsedColumn(), console=console, disable=not console.is_terminal)
         self.task = self.bar.add_task("search", total=total, accuracy="-")
 
     def advance(self, result) -> None:
         self.done += 1
         self.correct += bool(result.correct)
         self.bar.update(self.task, advance=1, accuracy=f"{self.correct / self.done:.1%}")
+        if not console.is_terminal:
+            console.print(_result_line(result, self.done, self.total), highlight=False, soft_wrap=True)
+
+
+def _result_line(result, done: int, total: int) -> str:
+    verdict = "correct" if result.correct else "wrong"
+    return (f"[{done}/{total}] {result.id} (level {result.level}): {verdict}, answer {result.prediction} "
+            f"(reference {result.reference}); {result.iterations} iterations, "
+            f"{result.generated_tokens} tokens, {result.seconds:.1f} s")
 
     def __enter__(self) -> _SearchProgress:
         self.bar.start()
@@ -273,11 +311,12 @@ def _print_summary(metrics: dict, folder: Path) -> None:
     for level, row in metrics["per_level"].items():
         table.add_row(f"  level {level}", f"{row['accuracy']:.1%} of {row['problems']}")
     table.add_row("problems/min", f"{speed['problems_per_min']:.2f}")
-    table.add_row("generator tokens/s", f"{speed['generator_tokens_per_s']:.1f}")
-    table.add_row("PRM tokens/s", f"{speed['prm_tokens_per_s']:.1f}")
+    table.add_row("generator tokens (per s)", f"{speed['generated_tokens']} ({speed['generator_tokens_per_s']:.1f})")
+    table.add_row("PRM tokens (per s)", f"{speed['prm_tokens']} ({speed['prm_tokens_per_s']:.1f})")
     table.add_row("prefix hit rate generator / PRM",
                   f"{speed['prefix_hit_rate']['generator']:.1%} / {speed['prefix_hit_rate']['prm']:.1%}")
     table.add_row("score-cache hit rate", f"{speed['score_cache']['hit_rate']:.1%}")
+    table.add_row("run folder", str(folder))
     Console().print(table)
 
 
