@@ -30,24 +30,85 @@ class CacheConfig:
 
 
 @dataclass(frozen=True)
+class ThrottleConfig:
+    """gLLM token throttling (the `throttle` scheduler policy); defaults are the paper's.
+
+    Prefill tokens per microbatch: min(max(waiting / iterations, min_prefill),
+    max_prefill * max((kv_free - kv_threshold) / (1 - kv_threshold), 0))."""
+
+    iterations: int = 8  # #T: spread the waiting prefill tokens over this many microbatches
+    max_prefill: int = 2048  # #MaxP
+    min_prefill: int = 32  # #MinP: floors the waiting-tokens term only
+    kv_threshold: float = 0.05  # θ: no prefill while the free KV fraction is below it
+
+    def __post_init__(self) -> None:
+        checks = [
+            (self.iterations >= 1, f"iterations must be >= 1, got {self.iterations}"),
+            (self.max_prefill >= 1, f"max prefill must be >= 1, got {self.max_prefill}"),
+            (0 <= self.min_prefill <= self.max_prefill,
+             f"min prefill must be in [0, max prefill={self.max_prefill}], got {self.min_prefill}"),
+            (0 <= self.kv_threshold < 1, f"kv threshold must be in [0, 1), got {self.kv_threshold}"),
+        ]
+        for ok, message in checks:
+            if not ok:
+                raise ConfigError(f"invalid throttle setting: {message}")
+
+
+@dataclass(frozen=True)
 class SchedulerConfig:
-    policy: str = "sarathi"
+    policy: str = "sarathi"  # "sarathi" or "throttle"
     max_num_batched_tokens: int = 2048
     max_num_seqs: int = 256
     # Largest prefill chunk for one sequence in one step (None: the token budget).
     max_prefill_chunk: int | None = None
+    throttle: ThrottleConfig = field(default_factory=ThrottleConfig)
+
+
+@dataclass(frozen=True)
+class ParallelConfig:
+    """Pipeline parallelism: `pp_size` stage processes, each running a contiguous slice of
+    every model's layers. The SiPipe switches (on by default) are measured by `tts bench pipeline`."""
+
+    pp_size: int = 1
+    pp_layers: tuple[int, ...] | None = None  # layers per stage (generator); None: balanced by cost
+    transport: str = "auto"  # activations between stages: "shm" (auto on CPU) or "gloo"
+    threads_per_stage: int | None = None  # torch threads in each stage (None: cores // pp_size)
+    # SiPipe: the last stage returns logits rows and the driver samples them while the
+    # stages run the next microbatch (off: the last stage samples and returns tokens).
+    sample_on_driver: bool = True
+    # SiPipe: a stage prepares microbatch i+1's inputs (into the input buffers of i+1's
+    # parity) while microbatch i computes (off: it prepares them after i).
+    token_safe: bool = True
+    # SiPipe: receivers size activation buffers from the schedule they already hold and
+    # get only a ready signal (off: every activation travels with its shape as a message).
+    structure_aware: bool = True
+
+    def __post_init__(self) -> None:
+        if self.pp_size < 1:
+            raise ConfigError(f"--pp must be >= 1, got {self.pp_size}")
+        if self.pp_layers is not None and (len(self.pp_layers) != self.pp_size or min(self.pp_layers) < 1):
+            raise ConfigError(f"--pp-layers needs {self.pp_size} positive layer counts (one per stage), "
+                              f"got {','.join(map(str, self.pp_layers))}")
+        if self.transport not in ("auto", "shm", "gloo"):
+            raise ConfigError(f"unknown pipeline transport '{self.transport}'; choose auto, shm or gloo")
+        if self.threads_per_stage is not None and self.threads_per_stage < 1:
+            raise ConfigError(f"--threads-per-stage must be >= 1, got {self.threads_per_stage}")
 
 
 @dataclass(frozen=True)
 class EngineConfig:
     cache: CacheConfig = field(default_factory=CacheConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
     device: str = "auto"  # "auto", "cpu", "cuda", "cuda:1", ...
-    attention_backend: str = "auto"  # "auto", "torch", "triton"
+    attention_backend: str = "auto"  # "auto" (triton on CUDA, else cpu), "cpu", "torch", "triton"
     seed: int = 0
     # Torch backend: run decodes in groups of similar context length rather than padding
     # the whole batch to its longest context.
     group_decodes_by_length: bool = True
+    # cpu backend: sequences whose block tables share leading blocks attend to those blocks
+    # once, as one batch of queries, and to their own blocks separately (cascade attention).
+    cascade_attention: bool = True
     # GPU execution switches, honoured on CUDA only (the CPU path stays the eager reference):
     # replay decode steps from CUDA graphs captured at padded batch sizes (triton backend),
     # and run RMSNorm, rotary embedding and the gated activation as fused Triton kernels.

@@ -117,11 +117,13 @@ class BlockManager:
             return [], []
         hashes = self.full_block_hashes(token_ids, max_blocks)
         hit_ids: list[int] = []
+        bs = self.block_size
         for i, h in enumerate(hashes):
-            block = self._cached_block(token_ids, hashes, i)
-            if block is None:
+            block_id = self._by_hash.get(h)
+            block = self._blocks[block_id] if block_id is not None else None
+            parent = hashes[i - 1] if i else ROOT_HASH
+            if block is None or block.parent_hash != parent or block.tokens != tuple(token_ids[i * bs:(i + 1) * bs]):
                 break
-            block_id = block.block_id
             if block.ref_count == 0:
                 del self._free_cached[block_id]
             block.ref_count += 1
@@ -133,29 +135,18 @@ class BlockManager:
         self.stats.prefix_hits += len(hit_ids)
         return hit_ids, hashes
 
-    def num_cached_prefix_blocks(self, token_ids: list[int], max_blocks: int) -> int:
-        """How many of the first `max_blocks` full blocks a lookup would hit now. Read-only:
-        no reference taken, no event, no stats (a scheduler plans with it)."""
-        if not self.enable_prefix_caching or max_blocks <= 0:
+    def num_cached_prefix_blocks(self, block_hashes: list[int]) -> int:
+        """How many leading blocks of a chain (`full_block_hashes`) are cached now. Read-only:
+        no reference taken, no event, no stats; a scheduler plans with it every step, so it
+        trusts the chained hash (acquire_cached_prefix verifies the tokens)."""
+        if not self.enable_prefix_caching:
             return 0
-        hashes = self.full_block_hashes(token_ids, max_blocks)
         hits = 0
-        while hits < len(hashes) and self._cached_block(token_ids, hashes, hits) is not None:
+        for h in block_hashes:
+            if h not in self._by_hash:
+                break
             hits += 1
         return hits
-
-    def _cached_block(self, token_ids: list[int], hashes: list[int], i: int) -> _Block | None:
-        """The cached block holding full block i of `token_ids`, verified against its stored
-        tokens and parent hash, or None."""
-        block_id = self._by_hash.get(hashes[i])
-        if block_id is None:
-            return None
-        block = self._blocks[block_id]
-        bs = self.block_size
-        parent = hashes[i - 1] if i else ROOT_HASH
-        if block.parent_hash != parent or block.tokens != tuple(token_ids[i * bs:(i + 1) * bs]):
-            return None
-        return block
 
     def register_full_block(self, block_id: int, parent_hash: int, tokens: tuple[int, ...]) -> int:
         """Record a block that just became full; returns its chained hash."""

@@ -1,10 +1,17 @@
 """Iteration-level scheduling: which sequences compute how many tokens this step.
 
-Policies are chosen by name. `sarathi` schedules every running decode first (one token
-each), then fills the remaining token budget with prefill chunks, continuing partially
-prefilled sequences before admitting new ones. When blocks run out, the most recently
-admitted sequence is preempted by recompute (its blocks are freed; it re-enters the
-front of the queue and its full blocks are likely still in the prefix cache).
+Every step schedules decodes first (one token each), then prefill chunks, continuing
+partially prefilled sequences before admitting new ones. Policies, chosen by name,
+decide the token budgets: `sarathi` fills `max_num_batched_tokens` with prefill after
+the decodes; `throttle` (gLLM, engine/throttle.py) sizes prefill from the waiting
+prompt tokens and the free KV fraction. When blocks run out, the most recently admitted
+sequence is preempted by recompute (its blocks are freed; it re-enters the front of the
+queue and its full blocks are likely still in the prefix cache).
+
+Under pipeline parallelism (pp_size > 1) up to pp microbatches are in flight. Microbatch
+k takes the decodes of lane k mod pp (engine/lanes.py); a sequence the engine marks
+`in_flight` is neither scheduled nor preempted until its microbatch completes. With
+pp_size 1 there is one lane holding every decode.
 """
 
 from __future__ import annotations
@@ -15,7 +22,9 @@ from typing import Callable
 
 from tts_runtime.config import ConfigError, SchedulerConfig
 from tts_runtime.engine.block_manager import BlockManager
+from tts_runtime.engine.lanes import update_lanes
 from tts_runtime.engine.sequence import Sequence, SequenceStatus
+from tts_runtime.engine.throttle import prefill_token_budget
 
 
 @dataclass
@@ -40,16 +49,24 @@ class TokenBudget:
     prefill_tokens: int
 
 
+BudgetPolicy = Callable[["Scheduler", int], TokenBudget]  # (scheduler, decodes ready in the lane)
+
+
 class Scheduler:
-    def __init__(self, config: SchedulerConfig, blocks: BlockManager) -> None:
+    def __init__(self, config: SchedulerConfig, blocks: BlockManager, pp_size: int = 1) -> None:
+        if pp_size < 1:
+            raise ConfigError(f"pipeline size must be >= 1, got {pp_size}")
         self.config = config
         self.blocks = blocks
+        self.pp_size = pp_size
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.num_preemptions = 0
         # Admissions refused for lack of free blocks (a sign of memory starvation).
         self.num_admission_stalls = 0
-        self.budget_policy: Callable[[Scheduler], TokenBudget] = budget_policy(config.policy)
+        self.budget_policy: BudgetPolicy = budget_policy(config.policy)
+        # seq_id -> (tokens, block hashes) of waiting sequences, for the throttle's #WP.
+        self._waiting_block_hashes: dict[int, tuple[int, list[int]]] = {}
 
     # -- queue -----------------------------------------------------------------------
     def add(self, seq: Sequence) -> None:
@@ -60,6 +77,7 @@ class Scheduler:
 
     def finish(self, seq: Sequence) -> None:
         seq.status = SequenceStatus.FINISHED
+        seq.lane = None
         if seq in self.running:
             self.running.remove(seq)
         self.blocks.free(seq.block_table)
@@ -69,9 +87,32 @@ class Scheduler:
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
 
-    def num_waiting_prefill_tokens(self) -> int:
-        pending = sum(s.num_uncomputed_tokens for s in self.waiting)
-        return pending + sum(s.num_uncomputed_tokens for s in self.running if not s.is_decode)
+    def num_uncached_prefill_tokens(self) -> int:
+        """gLLM's #WP: tokens still to prefill that the prefix cache will not serve. Waiting
+        sequences are looked up read-only; running ones already hold their hits. A chunk in
+        flight still counts (an overcount of at most one chunk per prefilling sequence)."""
+        blocks = self.blocks
+        waiting = sum(s.num_tokens - blocks.block_size * blocks.num_cached_prefix_blocks(self._waiting_hashes(s))
+                      for s in self.waiting)
+        return waiting + sum(s.num_uncomputed_tokens for s in self.running if not s.is_decode)
+
+    def _waiting_hashes(self, seq: Sequence) -> list[int]:
+        """The chained hashes of the blocks the prefix cache may serve `seq`, kept while it
+        waits (its tokens do not change then): hashing every waiting prompt every step
+        would cost more than the lookup."""
+        if not self.blocks.enable_prefix_caching:
+            return []
+        memo = self._waiting_block_hashes.get(seq.seq_id)
+        if memo is None or memo[0] != seq.num_tokens:
+            memo = (seq.num_tokens, self.blocks.full_block_hashes(seq.token_ids, self._prefix_block_limit(seq)))
+            self._waiting_block_hashes[seq.seq_id] = memo
+        return memo[1]
+
+    def kv_free_fraction(self) -> float:
+        """Free blocks (cached-free included) over the blocks usable now (an elastic pool
+        moves that number, so it is re-read every call)."""
+        usable = self.blocks.num_usable_blocks
+        return self.blocks.num_free_blocks / usable if usable else 0.0
 
     def num_waiting_blocks(self) -> int:
         """Blocks the waiting sequences would hold once admitted (cache hits included)."""
@@ -87,17 +128,20 @@ class Scheduler:
         return max((-(-s.num_tokens // bs) for s in seqs), default=0)
 
     def preempt_all(self) -> None:
-        """Preempt every running sequence (by recompute), freeing all blocks they hold."""
+        """Preempt every running sequence not in flight (by recompute), freeing its blocks."""
         for seq in reversed(list(self.running)):
-            self._preempt(seq, ScheduledBatch())
+            if not seq.in_flight:
+                self._preempt(seq, ScheduledBatch())
 
     # -- one step --------------------------------------------------------------------
-    def schedule(self) -> ScheduledBatch:
-        budget = self.budget_policy(self)
+    def schedule(self, microbatch: int = 0) -> ScheduledBatch:
+        """The batch for pipeline microbatch `microbatch` (any int; its lane is mod pp_size)."""
+        decodes = self._lane_decodes(microbatch)
+        budget = self.budget_policy(self, len(decodes))
         batch = ScheduledBatch()
         decode_budget = budget.decode_tokens
-        for seq in list(self.running):
-            if not seq.is_decode or seq.status is not SequenceStatus.RUNNING:
+        for seq in decodes:
+            if seq.status is not SequenceStatus.RUNNING:  # preempted for an earlier one
                 continue
             if decode_budget == 0:
                 break
@@ -108,7 +152,8 @@ class Scheduler:
         for seq in list(self.running):
             if prefill_budget <= 0:
                 break
-            if seq.is_decode or seq.status is not SequenceStatus.RUNNING or seq in batch.decodes:
+            if (seq.is_decode or seq.in_flight or seq.status is not SequenceStatus.RUNNING
+                    or seq in batch.decodes):
                 continue
             chunk = self._chunk(seq, prefill_budget)
             if not self._reserve(seq, chunk, batch):
@@ -120,10 +165,16 @@ class Scheduler:
             if not self._admit(seq, prefill_budget, batch):
                 break
             self.waiting.popleft()
+            self._waiting_block_hashes.pop(seq.seq_id, None)
             chunk = self._chunk(seq, prefill_budget)
             batch.prefills.append((seq, chunk))
             prefill_budget -= chunk
         return batch
+
+    def _lane_decodes(self, microbatch: int) -> list[Sequence]:
+        """The running decodes of this microbatch's lane that are not in flight."""
+        lanes = update_lanes([s for s in self.running if s.is_decode], self.pp_size)
+        return [s for s in lanes[microbatch % self.pp_size] if not s.in_flight]
 
     def _chunk(self, seq: Sequence, budget: int) -> int:
         limit = self.config.max_prefill_chunk or budget
@@ -134,10 +185,13 @@ class Scheduler:
         return max(0, -(-total // self.blocks.block_size) - len(seq.block_table))
 
     def _reserve(self, seq: Sequence, new_tokens: int, batch: ScheduledBatch) -> bool:
-        """Make room for `new_tokens` more KV slots, preempting later sequences if needed."""
+        """Make room for `new_tokens` more KV slots, preempting later sequences if needed
+        (never one in flight: with only those left, `seq` waits for them to complete)."""
         need = self._blocks_needed(seq, new_tokens)
         while not self.blocks.can_allocate(need):
-            victim = self.running[-1]
+            victim = next((s for s in reversed(self.running) if not s.in_flight), None)
+            if victim is None:
+                return False
             self._preempt(victim, batch)
             if victim is seq:
                 return False
@@ -165,18 +219,21 @@ class Scheduler:
         return True
 
     def _attach_cached_prefix(self, seq: Sequence) -> None:
-        # Always leave at least the last token to compute (its logits are needed), and for
-        # score requests every requested position must be computed, not served from cache.
-        limit = seq.num_tokens - 1
-        if seq.is_score:
-            limit = min(limit, min(seq.group.params.positions))
-        max_blocks = limit // self.blocks.block_size
-        hit_ids, hashes = self.blocks.acquire_cached_prefix(seq.token_ids, max_blocks)
+        hit_ids, hashes = self.blocks.acquire_cached_prefix(seq.token_ids, self._prefix_block_limit(seq))
         seq.block_table = hit_ids
         seq.block_hashes = hashes[:len(hit_ids)]
         seq.num_computed_tokens = len(hit_ids) * self.blocks.block_size
         if seq.index == 0 and seq.num_tokens <= seq.num_prompt_tokens:
             seq.group.num_cached_prompt_tokens = seq.num_computed_tokens
+
+    def _prefix_block_limit(self, seq: Sequence) -> int:
+        """Most full blocks of `seq` the prefix cache may serve. Always leave at least the
+        last token to compute (its logits are needed), and for score requests every
+        requested position must be computed, not served from cache."""
+        limit = seq.num_tokens - 1
+        if seq.is_score:
+            limit = min(limit, min(seq.group.params.positions))
+        return limit // self.blocks.block_size
 
     def _preempt(self, seq: Sequence, batch: ScheduledBatch) -> None:
         self.running.remove(seq)
@@ -185,22 +242,35 @@ class Scheduler:
         batch.prefills = [(s, n) for s, n in batch.prefills if s is not seq]
         self.blocks.free(seq.block_table)
         seq.block_table, seq.block_hashes, seq.num_computed_tokens = [], [], 0
-        seq.status = SequenceStatus.WAITING
+        seq.status, seq.lane = SequenceStatus.WAITING, None
         self.waiting.appendleft(seq)
         self.num_preemptions += 1
 
 
-def _sarathi_budget(scheduler: Scheduler) -> TokenBudget:
+def _sarathi_budget(scheduler: Scheduler, decodes: int) -> TokenBudget:
     total = scheduler.config.max_num_batched_tokens
-    decodes = sum(1 for s in scheduler.running if s.is_decode)
     decode_tokens = min(decodes, total)
     return TokenBudget(decode_tokens=decode_tokens, prefill_tokens=total - decode_tokens)
 
 
-_POLICIES: dict[str, Callable[[Scheduler], TokenBudget]] = {"sarathi": _sarathi_budget}
+def _throttle_budget(scheduler: Scheduler, decodes: int) -> TokenBudget:
+    """gLLM: the lane's decodes plus #P prefill tokens; the step stays within
+    max_num_batched_tokens too (the size the memory profile was taken at)."""
+    config = scheduler.config.throttle
+    total = scheduler.config.max_num_batched_tokens
+    decode_tokens = min(decodes, total)
+    prefill = prefill_token_budget(scheduler.num_uncached_prefill_tokens(), scheduler.kv_free_fraction(), config)
+    if prefill == 0 and not any(s.is_decode or s.in_flight for s in scheduler.running):
+        # Below the KV threshold with no decode left to finish and free blocks, waiting
+        # would never end: let #MinP tokens through (preempting, as sarathi does, if needed).
+        prefill = max(config.min_prefill, 1)
+    return TokenBudget(decode_tokens=decode_tokens, prefill_tokens=min(prefill, total - decode_tokens))
 
 
-def budget_policy(name: str) -> Callable[[Scheduler], TokenBudget]:
+_POLICIES: dict[str, BudgetPolicy] = {"sarathi": _sarathi_budget, "throttle": _throttle_budget}
+
+
+def budget_policy(name: str) -> BudgetPolicy:
     if name not in _POLICIES:
         raise ConfigError(f"unknown scheduler policy '{name}'; choose one of {', '.join(sorted(_POLICIES))}")
     return _POLICIES[name]
