@@ -45,7 +45,9 @@ def _measure(bench: ScaleoutBench, problems: Sequence, replicas: int, threads: i
     speed, scale = outcome.metrics["throughput"], outcome.metrics["scaleout"]
     return {"problems_per_min": speed["problems_per_min"], "seconds": speed["seconds"],
             "generator_tokens_per_s": speed["generator_tokens_per_s"], "startup_seconds": scale["startup_seconds"],
-            "accuracy": outcome.metrics["accuracy"], "predictions": {r.id: r.prediction for r in outcome.new}}
+            "accuracy": outcome.metrics["accuracy"], "retries": scale["retries"],
+            "replica_restarts": scale["replica_restarts"], "failed": len(scale["failed"]),
+            "predictions": {r.id: r.prediction for r in outcome.new}}
 
 
 def bench_scaleout(bench: ScaleoutBench, *, command: Sequence[str], log: Callable[[str], None]) -> Path:
@@ -77,6 +79,9 @@ def bench_scaleout(bench: ScaleoutBench, *, command: Sequence[str], log: Callabl
             "run_seconds": side.median(label, "seconds"), "startup_seconds": side.median(label, "startup_seconds"),
             "accuracy": side.median(label, "accuracy"),
             "same_prediction_as_1x1": f"{min(same)}/{len(problems)}",
+            # A replica killed (e.g. by the kernel's out-of-memory killer) costs a reload: say so.
+            "retries_restarts_failed": "/".join(str(sum(run[key] for run in runs))
+                                                for key in ("retries", "replica_restarts", "failed")),
             "problems_per_min_each_round": [round(run["problems_per_min"], 3) for run in runs],
         })
     summary = {"problems": len(problems), "rounds": bench.rounds, "search": bench.config.to_dict(),
