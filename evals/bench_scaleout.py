@@ -28,6 +28,27 @@ VARIANTS: dict[str, tuple[int, int]] = {  # label: (replicas, threads per replic
 }
 
 
+# How the design carries to a cluster of GPU nodes, and what this CPU benchmark cannot show.
+CLUSTER_NOTES = [
+    "Placement: with --device cuda every replica asks Ray for one GPU (num_gpus=1), so N replicas land "
+    "on N GPUs, spread over the nodes (SPREAD strategy); Ray sets CUDA_VISIBLE_DEVICES, so each replica "
+    "co-hosts its generator and PRM on its own GPU with the one-process memory split. Start the cluster "
+    "with `ray start --head` / `ray start --address HEAD:6379` and run `tts beam --ray-address HEAD:6379 "
+    "--replicas N --device cuda` on a node with a GPU (the driver checks the device it is given).",
+    "Data locality: replicas load the models by name from their own node's cache (~/.cache/tts, or a "
+    "folder path valid on every node), so weights never cross the network; stage them on every node "
+    "first. The driver ships problems (about 1 KB) and gets results back (about 10 KB); results.jsonl "
+    "and --resume live on the driver's disk; only the driver needs the dataset.",
+    "Scaling: replicas share nothing, so problems/min should grow with the number of GPUs until the "
+    "queue runs dry; at the end of a run the last problems leave replicas idle (a long run amortises "
+    "this, a short one does not). Each replica keeps --problem-batch searches in flight.",
+    "Not tested here: GPUs, more than one machine, --ray-address to a cluster on other hosts (the tests "
+    "join a local one), a lost node (Ray restarts the actor where resources allow), and speed at more "
+    "than two replicas. The replica-death, resume and queue logic is tested on a local 2-CPU cluster "
+    "(tests/test_scaleout.py).",
+]
+
+
 @dataclass(frozen=True)
 class ScaleoutBench:
     spec: ReplicaSpec
@@ -93,6 +114,9 @@ def bench_scaleout(bench: ScaleoutBench, *, command: Sequence[str], log: Callabl
              "problems/min runs from all replicas up to the last result; startup (Ray actor + model load) "
              "is the startup_seconds column.",
              f"{rows[1]['speedup']:.2f}x for 2 replicas of 1 thread, "
-             f"{rows[2]['speedup']:.2f}x for 1 replica with 2 threads, over 1 replica of 1 thread."]
+             f"{rows[2]['speedup']:.2f}x for 1 replica with 2 threads, over 1 replica of 1 thread.",
+             "The machine was shared with other work while this ran (other processes' CPU and memory "
+             "load): ratios from alternating rounds, not absolute times, are the result.",
+             *CLUSTER_NOTES]
     return write_report("scaleout", "Scale-out with Ray: problems/min by replicas and threads",
                         " ".join(command), summary, rows, notes)
