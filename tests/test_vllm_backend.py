@@ -1,0 +1,177 @@
+"""The vLLM backend: the same tokens and PRM scores as the native engine, a CLI run on
+vLLM, and one-line errors.
+
+vLLM's CPU wheel lives in its own virtualenv (`make setup-vllm` builds .venv-vllm: its
+transformers pin differs from ours), and `make test` runs this file there as well. In an
+environment without vLLM the tests that need it skip and the "not installed" error is
+checked instead; where vLLM is installed it is the other way round.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+
+import pytest
+
+from tts_runtime.config import ConfigError, EngineConfig
+from tts_runtime.engine.engine import Engine
+from tts_runtime.engine.request import SamplingParams
+
+HAS_VLLM = importlib.util.find_spec("vllm") is not None
+needs_vllm = pytest.mark.skipif(not HAS_VLLM, reason="vLLM is not installed in this environment; "
+                                "`make test` runs this file again in .venv-vllm, where it is")
+SCORE_TOLERANCE = 2e-3  # fp32 both sides; vLLM's CPU kernels sum in another order than ours
+
+
+@pytest.fixture(scope="module")
+def math_prompts(generator_model, math500_path) -> list[list[int]]:
+    from evals.datasets import load_problems
+    from search.prompts import PromptBuilder
+
+    builder = PromptBuilder(generator_model.tokenizer)
+    return [builder.prompt_token_ids(p.question) for p in load_problems("math500", dataset_path=str(math500_path),
+                                                                         limit=3)]
+
+
+@pytest.fixture(scope="module")
+def vllm_generator(generator_model):
+    from tts_runtime.vllm_engine import VllmEngine
+
+    engine = VllmEngine(generator_model.name, loaded=generator_model, kv_cache_bytes=256 << 20)
+    yield engine
+    engine.shutdown()
+
+
+@pytest.fixture(scope="module")
+def vllm_prm(prm_model):
+    from tts_runtime.vllm_engine import VllmEngine
+
+    engine = VllmEngine(prm_model.name, loaded=prm_model, kv_cache_bytes=256 << 20)
+    yield engine
+    engine.shutdown()
+
+
+@needs_vllm
+def test_greedy_generation_equals_the_native_engine(generator_model, vllm_generator, math_prompts):
+    params = SamplingParams(temperature=0, max_tokens=24)
+    native = Engine(generator_model.name, EngineConfig(), loaded=generator_model).generate(math_prompts, params)
+    on_vllm = vllm_generator.generate(math_prompts, params)
+    for ours, theirs in zip(native, on_vllm):
+        assert theirs.completions[0].token_ids == ours.completions[0].token_ids
+        assert theirs.completions[0].text == ours.completions[0].text
+        assert theirs.completions[0].finish_reason == ours.completions[0].finish_reason == "length"
+
+
+@needs_vllm
+def test_stop_strings_n_and_finish_reasons(vllm_generator, math_prompts):
+    out = vllm_generator.generate(math_prompts[:1], SamplingParams(
+        temperature=0.8, n=3, seed=7, max_tokens=40, stop=("\n\n",), include_stop_str_in_output=True))[0]
+    assert [c.index for c in out.completions] == [0, 1, 2]
+    for completion in out.completions:
+        assert completion.finish_reason in ("stop", "length", "eos")
+        if completion.finish_reason == "stop":
+            assert completion.text.endswith("\n\n") and completion.text.count("\n\n") == 1
+    assert vllm_generator.stats.generated_tokens > 0
+
+
+@needs_vllm
+def test_prm_scores_equal_the_native_engine(prm_model, vllm_prm, math500_path):
+    from evals.datasets import load_problems
+    from search.prm import make_prm_format
+
+    question = load_problems("math500", dataset_path=str(math500_path), limit=1)[0].question
+    steps = ["Let me write the expression out.\n\n", "So the answer is $\\boxed{3}$.\n\n"]
+    fmt = make_prm_format("judge", prm_model.tokenizer)
+    queries = [fmt.build(question, steps[:k]) for k in (1, 2)]
+    native = Engine(prm_model.name, EngineConfig(), loaded=prm_model)
+    params = [q.score_params() for q in queries]
+    ours = native.score([q.token_ids for q in queries], params)
+    cached_before = vllm_prm.stats.cached_prompt_tokens
+    theirs = vllm_prm.score([q.token_ids for q in queries], params)
+    for a, b in zip(ours, theirs):
+        assert b.scores == pytest.approx(a.scores, abs=SCORE_TOLERANCE)
+    # Scoring the same queries again is served from vLLM's prefix cache.
+    again = vllm_prm.score([q.token_ids for q in queries], params)
+    assert [r.scores for r in again] == [r.scores for r in theirs]
+    assert vllm_prm.stats.cached_prompt_tokens > cached_before
+
+
+@needs_vllm
+def test_score_at_an_inner_position(prm_model, vllm_prm):
+    """A position before the last is scored over the prompt cut after it."""
+    from tts_runtime.engine.request import ScoreParams
+
+    ids = prm_model.tokenizer("Is two plus two four? Yes. Is it five? No.")["input_ids"]
+    params = ScoreParams(positions=(5, len(ids) - 1), candidate_token_ids=(ids[6], ids[-1]))
+    ours = Engine(prm_model.name, EngineConfig(), loaded=prm_model).score([ids], params)[0]
+    theirs = vllm_prm.score([ids], params)[0]
+    assert len(theirs.scores) == 2
+    assert theirs.scores == [pytest.approx(row, abs=SCORE_TOLERANCE) for row in ours.scores]
+
+
+@needs_vllm
+@pytest.mark.slow
+def test_cli_beam_on_vllm_writes_a_run_folder(tmp_path, math500_path):
+    out = tmp_path / "run"
+    command = [sys.executable, "-m", "tts_runtime.cli", "beam", "--backend", "vllm", "--dataset-path",
+               str(math500_path), "--device-memory", "3GiB", "--limit", "2", "--problem-batch", "2", "--n", "4",
+               "--beam-width", "2", "--num-iterations", "2", "--max-step-tokens", "32", "--out", str(out)]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    config = json.loads((out / "config.json").read_text())
+    assert config["backend"]["name"] == "vllm" and config["backend"]["vllm"]
+    rows = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+    assert len(rows) == 2 and all(row["beams"] for row in rows)
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["problems"] == 2
+    generator = metrics["memory"]["generator"]
+    assert metrics["memory"]["backend"] == "vllm" and generator["lookup_unit"] == "tokens"
+    assert generator["thrash_events"].startswith("unavailable")
+    assert metrics["throughput"]["generator_tokens_per_s"] > 0
+
+
+def test_unsupported_architecture_is_a_config_error():
+    if not HAS_VLLM:
+        pytest.skip("needs vLLM's model registry")
+    from vllm import ModelRegistry
+
+    from tts_runtime.vllm_engine import architecture
+
+    assert architecture({"model_type": "gemma3_text"}) in ModelRegistry.get_supported_archs()
+    with pytest.raises(ConfigError, match="cannot tell the architecture"):
+        architecture({"model_type": "no-such-model"})
+
+
+def _one_line_error(args: list[str], fragment: str, math500_path) -> None:
+    from typer.testing import CliRunner
+
+    from tts_runtime.cli import app
+
+    result = CliRunner().invoke(app, args, env={"TTS_DATA_DIR": str(math500_path.parents[1])})
+    lines = result.output.strip().splitlines()
+    assert result.exit_code == 2, result.output
+    assert len(lines) == 1 and lines[0].startswith("error: ") and fragment in lines[0], result.output
+
+
+def test_bad_backend_and_elastic_policy_are_one_line_errors(math500_path):
+    _one_line_error(["beam", "--limit", "1", "--backend", "tgi"], "unknown backend 'tgi'", math500_path)
+    _one_line_error(["beam", "--limit", "1", "--backend", "vllm", "--memory-policy", "elastic"],
+                    "cannot follow the elastic memory policy", math500_path)
+
+
+@pytest.mark.skipif(HAS_VLLM, reason="vLLM is installed here; the error for a missing vLLM needs an "
+                    "environment without it (the project's .venv)")
+def test_missing_vllm_is_a_one_line_error(math500_path):
+    _one_line_error(["beam", "--limit", "1", "--backend", "vllm"], "vLLM, which is not installed", math500_path)
+    _one_line_error(["bench", "engine", "--backend", "vllm"], "vLLM, which is not installed", math500_path)
+
+
+@needs_vllm
+def test_dummy_models_are_refused():
+    from tts_runtime.vllm_engine import VllmEngine
+
+    with pytest.raises(ConfigError, match="real weights only"):
+        VllmEngine("dummy:llama-3.2-1b", EngineConfig(device="cpu"))
