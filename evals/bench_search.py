@@ -32,6 +32,7 @@ from search.score_cache import ScoreCache
 from tts_runtime.runtime import Runtime
 
 _ZERO = RunCounters(EngineCounters(), EngineCounters(), 0, 0)
+_BATCH_ONE = "tts-batch-1"
 # (key in a side's measurement, label, format)
 _ROWS = (
     ("problems_per_min", "problems/min", "{:.2f}"),
@@ -96,6 +97,11 @@ def bench_search(bench: SearchBench, *, command: Sequence[str],
     runtime = Runtime(bench.generator, bench.prm, memory=bench.memory)
     variants = {"tts": _logged(log, f"tts (problem batch {config.problem_batch})",
                                lambda: _measure_tts(runtime, problems, config))}
+    if config.problem_batch > 1:
+        # The engine alone, one problem at a time like the baseline: splits the speed-up into
+        # the engine's share and problem batching's.
+        one = SearchConfig(**{**config.to_dict(), "problem_batch": 1})
+        variants[_BATCH_ONE] = _logged(log, "tts (problem batch 1)", lambda: _measure_tts(runtime, problems, one))
     if bench.baseline:
         models = HFModels.load(bench.generator, bench.prm)
         variants["baseline"] = _logged(log, "the plain HF baseline", lambda: _measure_baseline(models, problems, config))
@@ -113,8 +119,9 @@ def bench_search(bench: SearchBench, *, command: Sequence[str],
         "rounds_data": rounds.runs,
     }
     if "baseline" in rounds.runs:
-        data["ratio"] = {key: _ratio(data["median"]["tts"][key], data["median"]["baseline"][key])
-                         for key in ("problems_per_min", "generator_tokens_per_s", "prm_tokens_per_s")}
+        data["ratio"] = {label: {key: _ratio(data["median"][label][key], data["median"]["baseline"][key])
+                                 for key in ("problems_per_min", "generator_tokens_per_s", "prm_tokens_per_s")}
+                         for label in rounds.runs if label != "baseline"}
     report = BenchReport(data, _markdown(data))
     bench.out_dir.mkdir(parents=True, exist_ok=True)
     (bench.out_dir / "search.json").write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
@@ -128,26 +135,30 @@ def _ratio(a: float, b: float) -> float | None:
 
 def _markdown(data: dict[str, Any]) -> str:
     config, median = data["config"], data["median"]
-    has_baseline = "baseline" in median
+    labels = list(median)  # tts, tts-batch-1 (when the batch is > 1), baseline: the run order
+    ratios = data.get("ratio", {})
+    header = {"tts": f"tts (batch {config['problem_batch']})", _BATCH_ONE: "tts (batch 1)", "baseline": "HF baseline"}
+    ratio_labels = [label for label in labels if label in ratios]
     lines = [
         "# Search benchmark: tts vs plain HF beam search",
         "",
         f"Beam search n={config['n']}, M={config['beam_width']}, {config['num_iterations']} iterations, "
-        f"{config['max_step_tokens']} tokens per step, T={config['temperature']}, on the first "
-        f"{data['problems']} MATH-500 problems; generator `{data['models']['generator']}`, PRM "
-        f"`{data['models']['prm']}`. tts keeps {config['problem_batch']} searches in flight; the baseline "
-        f"runs one problem at a time (HF `generate`, whole-sequence PRM forwards). Medians over "
-        f"{data['rounds']} round(s), sides alternating.",
+        f"{config['max_step_tokens']} tokens per step, last iteration "
+        f"{'to the end (' + str(config['max_tokens']) + ' tokens)' if config['eos_sampling'] else 'one more step'}, "
+        f"T={config['temperature']}, on the first {data['problems']} MATH-500 problems; generator "
+        f"`{data['models']['generator']}`, PRM `{data['models']['prm']}`. tts keeps "
+        f"{config['problem_batch']} searches in flight (and, in the batch-1 column, one); the baseline runs one "
+        f"problem at a time (HF `generate`, whole-sequence PRM forwards with `logits_to_keep=1`). Medians over "
+        f"{data['rounds']} round(s); in each round the columns run one after another in this order.",
         "",
-        "| metric | tts | baseline | tts / baseline |" if has_baseline else "| metric | tts |",
-        "|---|---:|---:|---:|" if has_baseline else "|---|---:|",
+        "| metric | " + " | ".join(header[label] for label in labels) + " | "
+        + " | ".join(f"{header[label]} / baseline" for label in ratio_labels) + " |",
+        "|---|" + "---:|" * (len(labels) + len(ratio_labels)),
     ]
     for key, label, fmt in _ROWS:
-        row = f"| {label} | {fmt.format(median['tts'][key])} |"
-        if has_baseline:
-            ratio = data.get("ratio", {}).get(key)
-            row += f" {fmt.format(median['baseline'][key])} | {f'{ratio:.2f}x' if ratio else ''} |"
-        lines.append(row)
+        cells = [fmt.format(median[side][key]) for side in labels]
+        cells += [_times(ratios[side].get(key)) for side in ratio_labels]
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
     tts_rounds = data["rounds_data"]["tts"]
     hits = tts_rounds[-1]["prefix_hit_rate"]
     cache = tts_rounds[-1]["score_cache"]
@@ -155,7 +166,7 @@ def _markdown(data: dict[str, Any]) -> str:
         "",
         f"tts prefix-cache hit rate (share of prompt tokens served from cache): generator "
         f"{hits['generator']:.1%}, PRM {hits['prm']:.1%}; score-cache hit rate {cache['hit_rate']:.1%} "
-        f"({cache['hits']} hits, {cache['misses']} misses). Last round.",
+        f"({cache['hits']} hits, {cache['misses']} misses). Last round, batch {config['problem_batch']}.",
         "",
         "Machine: " + ", ".join(f"{k} {v}" for k, v in data["machine"].items() if v is not None) + ". "
         "Versions: " + ", ".join(f"{k} {v}" for k, v in data["versions"].items()) + ".",
@@ -168,3 +179,7 @@ def _markdown(data: dict[str, Any]) -> str:
         "",
     ]
     return "\n".join(lines)
+
+
+def _times(ratio: float | None) -> str:
+    return f"{ratio:.2f}x" if ratio else ""

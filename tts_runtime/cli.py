@@ -285,19 +285,19 @@ class _SearchProgress:
         if not console.is_terminal:
             console.print(_result_line(result, self.done, self.total), highlight=False, soft_wrap=True)
 
-
-def _result_line(result, done: int, total: int) -> str:
-    verdict = "correct" if result.correct else "wrong"
-    return (f"[{done}/{total}] {result.id} (level {result.level}): {verdict}, answer {result.prediction} "
-            f"(reference {result.reference}); {result.iterations} iterations, "
-            f"{result.generated_tokens} tokens, {result.seconds:.1f} s")
-
     def __enter__(self) -> _SearchProgress:
         self.bar.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.bar.stop()
+
+
+def _result_line(result, done: int, total: int) -> str:
+    verdict = "correct" if result.correct else "wrong"
+    return (f"[{done}/{total}] {result.id} (level {result.level}): {verdict}, answer {result.prediction} "
+            f"(reference {result.reference}); {result.iterations} iterations, "
+            f"{result.generated_tokens} tokens, {result.seconds:.1f} s")
 
 
 def _print_summary(metrics: dict, folder: Path) -> None:
@@ -361,22 +361,25 @@ def bench_search_command(
     beam_width: Annotated[int, typer.Option()] = 4,
     num_iterations: Annotated[int, typer.Option()] = _D.num_iterations,
     max_step_tokens: Annotated[int, typer.Option()] = _D.max_step_tokens,
-    problem_batch: Annotated[int, typer.Option(help="tts searches in flight (the baseline does one).")] = _D.problem_batch,
+    max_tokens: Annotated[int, typer.Option(help="Token cap of the last iteration's run to the end.")] = _D.max_tokens,
+    problem_batch: Annotated[int, typer.Option(help="tts searches in flight, and 1 beside it (the baseline "
+                                                    "does one).")] = _D.problem_batch,
     seed: Annotated[int, typer.Option()] = _D.seed,
     generator: Annotated[str, typer.Option()] = DEFAULT_GENERATOR,
     prm: Annotated[str, typer.Option()] = DEFAULT_PRM,
     prm_format: Annotated[Optional[str], typer.Option()] = None,
     dataset_path: Annotated[Optional[str], typer.Option()] = None,
     device_memory: Annotated[Optional[str], typer.Option()] = None,
-    rounds: Annotated[int, typer.Option(help="tts, baseline, tts, baseline ... ; medians reported.")] = 1,
+    rounds: Annotated[int, typer.Option(help="Rounds, each running every side in turn (tts, tts batch 1, "
+                                              "baseline, tts, ...); medians reported.")] = 2,
     baseline: Annotated[bool, typer.Option(help="Also run the plain HF baseline.")] = True,
     out_dir: Annotated[Path, typer.Option(help="Where search.json and search.md go.")] = Path("docs/benchmarks"),
 ) -> None:
     """Beam search, tts vs the plain HF baseline, side by side on the first N MATH-500 problems
     (writes search.json and search.md to --out-dir)."""
     config = SearchConfig(method="beam", n=n, beam_width=beam_width, num_iterations=num_iterations,
-                          max_step_tokens=max_step_tokens, problem_batch=problem_batch, seed=seed,
-                          prm_format=prm_format)
+                          max_step_tokens=max_step_tokens, max_tokens=max_tokens, problem_batch=problem_batch,
+                          seed=seed, prm_format=prm_format)
     bench = SearchBench(config=config, limit=limit, generator=generator, prm=prm, dataset_path=dataset_path,
                         memory=_memory_config(device_memory, 0.3, "static"), rounds=rounds, baseline=baseline,
                         out_dir=out_dir)
@@ -416,12 +419,14 @@ def bench_engine_command(
     beams: Annotated[int, typer.Option(help="Score workload: beams.")] = 16,
     steps: Annotated[int, typer.Option(help="Score workload: steps per beam.")] = 8,
     repeats: Annotated[int, typer.Option(help="Alternating repetitions; medians reported.")] = 3,
+    dtypes: Annotated[str, typer.Option(help="Both sides at each of these dtypes, e.g. "
+                                             "float32,bfloat16.")] = "float32",
 ) -> None:
     """Engine vs HF transformers: generate tokens/s and PRM scoring (writes engine.json/md)."""
-    from evals.bench_engine import EngineBenchConfig, run_engine_bench
+    from evals.bench_engine import EngineBenchConfig, parse_dtypes, run_engine_bench
 
     config = EngineBenchConfig(num_prompts=num_prompts, new_tokens=new_tokens, beams=beams, steps=steps,
-                               repeats=repeats)
+                               repeats=repeats, dtypes=parse_dtypes(dtypes))
     typer.echo(run_engine_bench(config, shlex.join(["tts", *sys.argv[1:]])))
 
 
