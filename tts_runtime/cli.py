@@ -33,9 +33,12 @@ from memory.split import MemoryConfig, parse_size
 from memory.sweep import sweep_memory
 from search.config import SearchConfig
 from search.progress import SearchProgress
-from tts_runtime.config import ConfigError, EngineConfig, resolve_device
+from tts_runtime.config import (ConfigError, EngineConfig, ParallelConfig, SchedulerConfig, ThrottleConfig,
+                                resolve_device)
+from tts_runtime.executor.pipeline import PipelineFailure
+from tts_runtime.engine.scheduler import budget_policy
 from tts_runtime.models.registry import ALIASES, BUILTIN_CONFIGS, resolve
-from tts_runtime.runtime import Runtime
+from tts_runtime.runtime import Runtime, check_backend
 
 DEFAULT_GENERATOR = "smollm2-135m-instruct"
 DEFAULT_PRM = "gemma3-270m"
@@ -60,6 +63,9 @@ def command(parent: typer.Typer, name: str, **options: Any) -> Callable[[Callabl
             except ConfigError as exc:
                 typer.echo(f"error: {' '.join(str(exc).split())}", err=True)
                 raise typer.Exit(2) from None
+            except PipelineFailure as exc:  # the first line names the stage; a traceback may follow
+                typer.echo(f"error: {str(exc).splitlines()[0]}", err=True)
+                raise typer.Exit(1) from None
         parent.command(name, **options)(run)
         return fn
     return register
@@ -68,6 +74,8 @@ def command(parent: typer.Typer, name: str, **options: Any) -> Callable[[Callabl
 # -- search commands -----------------------------------------------------------------
 
 _D = SearchConfig()
+_S = SchedulerConfig()
+_T = ThrottleConfig()
 
 
 def _csv(text: str | None, what: str, cast: Callable[[str], Any]) -> set | None:
@@ -129,12 +137,34 @@ def _make_search_command(method: str, summary: str) -> None:
                                                              "6GiB (default: the GPU's, 8GiB on CPU).")] = None,
         memory_split: Annotated[float, typer.Option(help="Share of the KV budget for the PRM.")] = 0.3,
         memory_policy: Annotated[str, typer.Option(help="static, auto or elastic.")] = "static",
+        backend: Annotated[str, typer.Option(help="native (our engine) or vllm (both models on vLLM "
+                                             "engines; needs the vllm extra).")] = "native",
         replicas: Annotated[Optional[int], typer.Option(help="Run N runtime replicas as Ray actors (one per "
                                                         "GPU; on CPU --threads-per-replica each).")] = None,
         ray_address: Annotated[Optional[str], typer.Option(help="Join this Ray cluster (default: a local one "
                                                            "started for the run).")] = None,
         threads_per_replica: Annotated[int, typer.Option(help="Torch threads (and Ray CPUs) per "
                                                          "replica.")] = 1,
+        scheduler_policy: Annotated[str, typer.Option(help="sarathi (fill the token budget) or throttle "
+                                                      "(gLLM token throttling).")] = _S.policy,
+        throttle_iterations: Annotated[int, typer.Option(help="throttle #T: spread waiting prefill over "
+                                                         "this many microbatches.")] = _T.iterations,
+        throttle_max_prefill: Annotated[int, typer.Option(help="throttle #MaxP.")] = _T.max_prefill,
+        throttle_min_prefill: Annotated[int, typer.Option(help="throttle #MinP.")] = _T.min_prefill,
+        throttle_kv_threshold: Annotated[float, typer.Option(help="throttle: no prefill while the free "
+                                                             "KV fraction is below this.")] = _T.kv_threshold,
+        pp: Annotated[int, typer.Option(help="Pipeline stages (processes), each running a slice of "
+                                             "both models' layers.")] = 1,
+        pp_layers: Annotated[Optional[str], typer.Option(help="Generator layers per stage, e.g. 16,14 "
+                                                              "(default: balanced by cost).")] = None,
+        threads_per_stage: Annotated[Optional[int], typer.Option(help="Torch threads per stage "
+                                                                      "(default: cores / pp).")] = None,
+        sample_on_driver: Annotated[bool, typer.Option(help="SiPipe: sample on the driver while the "
+                                                            "stages run on.")] = True,
+        token_safe: Annotated[bool, typer.Option(help="SiPipe: prepare the next microbatch's inputs "
+                                                      "while one computes.")] = True,
+        structure_aware: Annotated[bool, typer.Option(help="SiPipe: activations through pre-sized "
+                                                           "shared-memory slots, no shape messages.")] = True,
     ) -> None:
         config = SearchConfig(
             method=method, n=n, beam_width=beam_width, num_iterations=num_iterations,
@@ -147,8 +177,15 @@ def _make_search_command(method: str, summary: str) -> None:
                      "levels": sorted(_csv(levels, "levels", int) or []) or None,
                      "ids": sorted(_csv(ids, "ids", str) or []) or None}
         scale = _scale_out(replicas, ray_address, threads_per_replica, device)
+        scheduler = SchedulerConfig(policy=scheduler_policy, throttle=ThrottleConfig(
+            throttle_iterations, throttle_max_prefill, throttle_min_prefill, throttle_kv_threshold))
+        budget_policy(scheduler_policy)  # an unknown name fails now, not after loading the models
+        parallel = ParallelConfig(pp, tuple(_csv(pp_layers, "pp-layers", int) or []) or None,
+                                  threads_per_stage=threads_per_stage, sample_on_driver=sample_on_driver,
+                                  token_safe=token_safe, structure_aware=structure_aware)
         _run_search_command(config, selection, generator, prm, out, resume, device,
-                            _memory_config(device_memory, memory_split, memory_policy), scale)
+                            _memory_config(device_memory, memory_split, memory_policy), scale, scheduler, parallel,
+                            backend=backend)
 
     search_command.__doc__ = summary
     command(app, method)(search_command)
@@ -164,7 +201,9 @@ def _scale_out(replicas: int | None, ray_address: str | None, threads: int, devi
 
 
 def _run_search_command(config: SearchConfig, selection: dict, generator: str, prm: str, out: Path | None,
-                        resume: bool, device: str, memory: MemoryConfig, scale: ScaleOut | None = None) -> None:
+                        resume: bool, device: str, memory: MemoryConfig, scale: ScaleOut | None = None,
+                        scheduler: SchedulerConfig = SchedulerConfig(),
+                        parallel: ParallelConfig = ParallelConfig(), *, backend: str = "native") -> None:
     problems = load_problems(selection["name"], dataset_path=selection["path"], limit=selection["limit"],
                              levels=set(selection["levels"]) if selection["levels"] else None,
                              ids=set(selection["ids"]) if selection["ids"] else None)
@@ -176,14 +215,20 @@ def _run_search_command(config: SearchConfig, selection: dict, generator: str, p
     for name in (generator, prm):
         resolve(name)
     resolve_device(device)
+    check_backend(backend, memory.policy)
+    if backend != "native" and scale is not None:
+        raise ConfigError("--backend vllm runs in this process; Ray replicas (--replicas, --ray-address) "
+                          "serve the native engine")
     folder = RunFolder.open(out or Path("runs") / f"{config.method}-{time.strftime('%Y%m%d-%H%M%S')}",
                             resume=resume)
     if scale is not None:
-        _run_scaled_command(config, selection, problems, ReplicaSpec(generator, prm, memory, EngineConfig(device=device)),
+        _run_scaled_command(config, selection, problems, ReplicaSpec(generator, prm, memory,
+                                                                      EngineConfig(device=device, scheduler=scheduler, parallel=parallel)),
                             folder, scale)
         return
     console.print(f"loading {generator} + {prm} ...")
-    runtime = Runtime(generator, prm, memory=memory, engine_config=EngineConfig(device=device))
+    runtime = Runtime(generator, prm, memory=memory, engine_config=EngineConfig(device=device, scheduler=scheduler, parallel=parallel),
+                      backend=backend)
     try:
         folder.write_config(run_config(runtime, config, selection, sys.argv))
         finished = {result.id for result in folder.finished_results()}
@@ -374,15 +419,18 @@ def bench_search_command(
                                               "baseline, tts, ...); medians reported.")] = 2,
     baseline: Annotated[bool, typer.Option(help="Also run the plain HF baseline.")] = True,
     out_dir: Annotated[Path, typer.Option(help="Where search.json and search.md go.")] = Path("docs/benchmarks"),
+    backend: Annotated[str, typer.Option(help="vllm: also tts on vLLM and search-and-learn's configuration "
+                                              "(generator on vLLM, PRM on HF re-encoding).")] = "native",
 ) -> None:
     """Beam search, tts vs the plain HF baseline, side by side on the first N MATH-500 problems
     (writes search.json and search.md to --out-dir)."""
+    check_backend(backend, "static")
     config = SearchConfig(method="beam", n=n, beam_width=beam_width, num_iterations=num_iterations,
                           max_step_tokens=max_step_tokens, max_tokens=max_tokens, problem_batch=problem_batch,
                           seed=seed, prm_format=prm_format)
     bench = SearchBench(config=config, limit=limit, generator=generator, prm=prm, dataset_path=dataset_path,
                         memory=_memory_config(device_memory, 0.3, "static"), rounds=rounds, baseline=baseline,
-                        out_dir=out_dir)
+                        out_dir=out_dir, vllm=backend == "vllm")
     report = bench_search(bench, command=["tts", *sys.argv[1:]], log=console.print)
     typer.echo(report.markdown)
 
@@ -419,15 +467,29 @@ def bench_engine_command(
     beams: Annotated[int, typer.Option(help="Score workload: beams.")] = 16,
     steps: Annotated[int, typer.Option(help="Score workload: steps per beam.")] = 8,
     repeats: Annotated[int, typer.Option(help="Alternating repetitions; medians reported.")] = 3,
-    dtypes: Annotated[str, typer.Option(help="Both sides at each of these dtypes, e.g. "
-                                             "float32,bfloat16.")] = "float32",
+    dtypes: Annotated[str, typer.Option(help="Generate and score workloads: both sides at each of these "
+                                             "dtypes, e.g. float32,bfloat16.")] = "float32",
+    workload: Annotated[str, typer.Option(help="all: generate, score and beam; beam: only the beam-shaped "
+                                               "decode.")] = "all",
+    beam_new_tokens: Annotated[int, typer.Option(help="Beam workload: new tokens per fork.")] = 256,
+    beam_hf: Annotated[bool, typer.Option(help="Beam workload: include HF generate.")] = True,
+    backend: Annotated[str, typer.Option(help="vllm: also run the generate and score workloads on vLLM, "
+                                              "in the same alternation.")] = "native",
 ) -> None:
-    """Engine vs HF transformers: generate tokens/s and PRM scoring (writes engine.json/md)."""
+    """Engine vs HF transformers: generate tokens/s and PRM scoring (writes engine.json/md); beam-shaped
+    decode with the attention switches off and on (writes beam_decode.json/md)."""
+    from evals.bench_beam import BeamBenchConfig, run_beam_bench
     from evals.bench_engine import EngineBenchConfig, parse_dtypes, run_engine_bench
 
-    config = EngineBenchConfig(num_prompts=num_prompts, new_tokens=new_tokens, beams=beams, steps=steps,
-                               repeats=repeats, dtypes=parse_dtypes(dtypes))
-    typer.echo(run_engine_bench(config, shlex.join(["tts", *sys.argv[1:]])))
+    if workload not in ("all", "beam"):
+        raise ConfigError(f"unknown --workload '{workload}'; choose all or beam")
+    check_backend(backend, "static")
+    command = shlex.join(["tts", *sys.argv[1:]])
+    if workload == "all":
+        config = EngineBenchConfig(num_prompts=num_prompts, new_tokens=new_tokens, beams=beams, steps=steps,
+                                   repeats=repeats, dtypes=parse_dtypes(dtypes), vllm=backend == "vllm")
+        typer.echo(run_engine_bench(config, command))
+    typer.echo(run_beam_bench(BeamBenchConfig(new_tokens=beam_new_tokens, repeats=repeats, hf=beam_hf), command))
 
 
 @command(bench_app, "gpu")

@@ -28,6 +28,7 @@ from tts_runtime.config import ConfigError, EngineConfig, ModelSpec, resolve_dev
 from tts_runtime.executor.device_memory import device_memory_info
 from tts_runtime.engine.engine import Engine
 from tts_runtime.executor.kv_cache import KVAllocation, bytes_per_block, element_size, shared_kv_views
+from tts_runtime.executor.pipeline import PipelineGroup, StageModel
 from tts_runtime.executor.profiling import EngineRole, profile_tokens, profiling_forward
 from tts_runtime.engine.request import RequestOutput, SamplingParams, ScoreParams
 from tts_runtime.models.loader import LoadedModel, cache_root, load_model
@@ -120,11 +121,15 @@ class Runtime:
             element_sizes=(element_size(dtypes[0]), element_size(dtypes[1])))
         self.pool: ElasticKVPool | None = None
         self.elastic: ElasticPolicy | None = None
+        self.pipeline: PipelineGroup | None = None
         # vLLM emits no block events: nothing for thrash trackers to follow there.
         self.trackers = {} if backend == "vllm" else {GENERATOR: ThrashTracker(), PRM: ThrashTracker()}
         if backend == "vllm":
             self._start_vllm((gen_spec, prm_spec), (gen_loaded, prm_loaded), dtypes)
         elif self.plan.policy == "elastic":
+            if self.engine_config.parallel.pp_size > 1:
+                raise ConfigError("the elastic memory policy needs --pp 1 (its KV pool lives in one process); "
+                                  "use --memory-policy static or auto with pipeline parallelism")
             if dtypes[0] != dtypes[1]:
                 raise ConfigError(f"elastic memory needs both models in one dtype (generator {dtypes[0]}, "
                                   f"PRM {dtypes[1]}): a shared chunk is read in either; set --dtype")
@@ -138,6 +143,16 @@ class Runtime:
             block = self.engine_config.cache.block_size
             self.elastic = ElasticPolicy(self.pool, {GENERATOR: self.profiles[0].flops_per_token * block,
                                                      PRM: self.profiles[1].flops_per_token * block})
+        elif self.engine_config.parallel.pp_size > 1:
+            # One set of stage processes holds both models' layer slices.
+            self.pipeline = PipelineGroup([
+                StageModel.of(GENERATOR, gen_loaded, self.plan.generator_blocks),
+                StageModel.of(PRM, prm_loaded, self.plan.prm_blocks, samples_full_vocabulary=False)],
+                self.engine_config)
+            self.generator = Engine(gen_spec, self.engine_config, loaded=gen_loaded,
+                                    num_blocks=self.plan.generator_blocks, executor=self.pipeline.executor(GENERATOR))
+            self.prm = Engine(prm_spec, self.engine_config, loaded=prm_loaded, num_blocks=self.plan.prm_blocks,
+                              executor=self.pipeline.executor(PRM))
         else:
             self.generator = Engine(gen_spec, self.engine_config, loaded=gen_loaded,
                                     num_blocks=self.plan.generator_blocks)
@@ -158,6 +173,9 @@ class Runtime:
     def _start_vllm(self, specs: tuple[ModelSpec, ModelSpec], loaded: tuple[LoadedModel, LoadedModel],
                     dtypes: tuple[torch.dtype, torch.dtype]) -> None:
         """Both models on vLLM engines, each with the KV bytes the memory plan gave it."""
+        if self.engine_config.parallel.pp_size > 1:
+            raise ConfigError("--pp splits the native engine's layers into stage processes; the vLLM backend "
+                              "runs each model whole in this process: use --pp 1 with --backend vllm")
         block = self.engine_config.cache.block_size
         blocks = (self.plan.generator_blocks, self.plan.prm_blocks)
         self.generator, self.prm = (
@@ -283,3 +301,5 @@ class Runtime:
     def shutdown(self) -> None:
         self.generator.shutdown()
         self.prm.shutdown()
+        if self.pipeline is not None:
+            self.pipeline.shutdown()

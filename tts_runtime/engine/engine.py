@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import itertools
+from collections import deque
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 
 import torch
@@ -13,15 +15,22 @@ from tts_runtime.engine.block_manager import ROOT_HASH, BlockManager
 from tts_runtime.engine.detokenizer import IncrementalDetokenizer
 from tts_runtime.engine.events import BlockEventListener
 from tts_runtime.engine.request import CompletionOutput, RequestOutput, SamplingParams, ScoreParams
-from tts_runtime.engine.sampler import SamplingRow, child_seed, sample
+from tts_runtime.executor.sampler import SamplingRow, child_seed, sample
 from tts_runtime.engine.scheduler import Scheduler
 from tts_runtime.engine.sequence import RequestGroup, Sequence, SequenceStatus
-from tts_runtime.executor.batch import ModelOutput
-from tts_runtime.executor.build import build_local_executor
+from tts_runtime.executor.batch import ModelOutput, SamplePlan
+from tts_runtime.executor.build import Executor, build_executor
 from tts_runtime.executor.kv_cache import KVAllocation, bytes_per_block
 from tts_runtime.models.loader import LoadedModel, load_model
 
 DEFAULT_CPU_KV_BYTES = 1 << 30
+
+
+@dataclass
+class _Microbatch:
+    layout: BatchLayout
+    plan: SamplePlan
+    future: Future[ModelOutput]
 
 
 class RequestError(ConfigError):
@@ -72,9 +81,11 @@ class EnginePressure:
 class Engine:
     def __init__(self, spec: ModelSpec | str, config: EngineConfig | None = None, *,
                  loaded: LoadedModel | None = None, num_blocks: int | None = None,
-                 kv: KVAllocation | None = None) -> None:
+                 kv: KVAllocation | None = None, executor: Executor | None = None) -> None:
         """`kv`: KV memory handed over by an owner (an elastic pool) instead of allocated
-        here; `num_blocks` is then the most blocks the pool could ever give this engine."""
+        here; `num_blocks` is then the most blocks the pool could ever give this engine.
+        `executor`: a device side built by the owner (a runtime's pipeline stages, shared
+        by its two engines) instead of one built here."""
         spec = ModelSpec(spec) if isinstance(spec, str) else spec
         self.spec = spec
         self.config = config or EngineConfig()
@@ -93,8 +104,10 @@ class Engine:
                               f"{spec.model}; raise the KV memory budget")
         self.blocks = BlockManager(self.num_blocks, self.block_size, cache.enable_prefix_caching,
                                    usable_blocks=kv.usable if kv is not None else None)
-        self.scheduler = Scheduler(self.config.scheduler, self.blocks)
-        self.executor = build_local_executor(self.loaded, self.config, self.num_blocks, kv)
+        self.scheduler = Scheduler(self.config.scheduler, self.blocks, self.config.parallel.pp_size)
+        self.executor = executor or build_executor(self.loaded, self.config, self.num_blocks, kv)
+        self._in_flight: deque[_Microbatch] = deque()
+        self._microbatches = 0
         self.stats = EngineStats()
         self._groups: dict[str, RequestGroup] = {}
         self._seq_ids = itertools.count()
@@ -211,28 +224,72 @@ class Engine:
 
     # -- one iteration ---------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
+        """Launch microbatches while the executor has room (a pipeline keeps up to pp in
+        flight, each on sequences no other in-flight microbatch holds), then complete the
+        oldest one."""
         self.blocks.step = self.stats.steps
-        batch = self.scheduler.schedule()
-        if batch.empty:
+        self._launch()
+        if not self._in_flight:
             if self.scheduler.has_work:
                 raise RuntimeError("scheduler made no progress with requests pending")
             return []
-        model_input, layout = build_model_input(batch, self.block_size, self.device)
-        output = self.executor.submit(model_input).result()
-        self.stats.steps += 1
-        self.stats.computed_tokens += batch.num_tokens
-        if batch.decodes:
-            self.stats.decode_batch_sizes.append(len(batch.decodes))
-        return self._process(layout, output)
+        microbatch = self._in_flight.popleft()
+        output = microbatch.future.result()
+        for seq, _ in microbatch.layout.chunks:
+            seq.in_flight = False
+        return self._process(microbatch.layout, output, microbatch.plan)
 
-    def _process(self, layout: BatchLayout, output: ModelOutput) -> list[RequestOutput]:
+    def _launch(self) -> None:
+        while len(self._in_flight) < self.executor.depth and self.executor.can_launch():
+            batch = self.scheduler.schedule(self._microbatches)
+            if batch.empty:
+                return
+            self._microbatches += 1
+            model_input, layout = build_model_input(batch, self.block_size, self.device)
+            plan = self._sample_plan(layout.sample_seqs)
+            for seq, _ in layout.chunks:
+                seq.in_flight = True
+            future = self.executor.submit(model_input, plan if self.executor.samples else None)
+            self._in_flight.append(_Microbatch(layout, plan, future))
+            self.stats.steps += 1
+            self.stats.computed_tokens += batch.num_tokens
+            if batch.decodes:
+                self.stats.decode_batch_sizes.append(len(batch.decodes))
+
+    def _sample_plan(self, seqs: list[Sequence]) -> SamplePlan:
+        """A row per sampled sequence, then, for each prompt that forks (n > 1), a row per
+        extra child over the parent's logits row."""
+        plan = SamplePlan([], [])
+        for row, seq in enumerate(seqs):
+            plan.logit_rows.append(row)
+            plan.rows.append(SamplingRow(seq.group.params, seq.token_ids, seq.num_prompt_tokens, seq.seed))
+        for row, seq in enumerate(seqs):
+            if self._forks(seq):
+                params = seq.group.params
+                for index in range(1, params.n):
+                    plan.logit_rows.append(row)
+                    plan.rows.append(SamplingRow(params, seq.token_ids, seq.num_prompt_tokens,
+                                                 child_seed(params.seed, index)))
+        return plan
+
+    @staticmethod
+    def _forks(seq: Sequence) -> bool:
+        return (seq.num_tokens == seq.num_prompt_tokens and seq.group.params.n > 1
+                and len(seq.group.sequences) == 1)
+
+    def _process(self, layout: BatchLayout, output: ModelOutput, plan: SamplePlan) -> list[RequestOutput]:
         for seq, n in layout.chunks:
             seq.num_computed_tokens += n
             self._register_full_blocks(seq)
         for targets, logits in zip(layout.score_targets, output.score_logits):
             self._record_scores(targets, logits)
         if layout.sample_seqs:
-            self._sample(layout.sample_seqs, output.sample_logits)
+            tokens = output.sampled_tokens
+            if tokens is None:
+                logits = output.sample_logits
+                rows = logits if len(plan.logit_rows) == len(layout.sample_seqs) else logits[plan.logit_rows]
+                tokens = sample(rows, plan.rows, self._generator)
+            self._apply_samples(layout.sample_seqs, tokens)
         finished = []
         for seq, _ in layout.chunks:
             group = seq.group
@@ -258,25 +315,22 @@ class Engine:
             seq.group.score_rows[position] = row_logits if seq.group.params.return_logits else row_probs
             self.stats.scored_positions += 1
 
-    def _sample(self, seqs: list[Sequence], logits: torch.Tensor) -> None:
-        rows = [SamplingRow(s.group.params, s.token_ids, s.num_prompt_tokens, s.seed) for s in seqs]
-        tokens = sample(logits, rows, self._generator)
-        forks = [s for s in seqs if s.num_tokens == s.num_prompt_tokens and s.group.params.n > 1
-                 and len(s.group.sequences) == 1]
-        for seq in forks:
-            self._fork(seq, logits[seqs.index(seq)])
+    def _apply_samples(self, seqs: list[Sequence], tokens: list[int]) -> None:
+        """`tokens` in `_sample_plan`'s order: one per sequence, then the forks' children."""
+        children = iter(tokens[len(seqs):])
+        for seq in seqs:
+            if self._forks(seq):
+                self._fork(seq, [next(children) for _ in range(1, seq.group.params.n)])
         for seq, token in zip(seqs, tokens):
             self._append_token(seq, token)
 
-    def _fork(self, parent: Sequence, logits: torch.Tensor) -> None:
-        """n > 1: children share the prompt's full blocks and sample their own first token."""
+    def _fork(self, parent: Sequence, first_tokens: list[int]) -> None:
+        """n > 1: children share the prompt's full blocks; each has sampled its own first token."""
         group = parent.group
         bs = self.block_size
         shared = parent.block_table[: parent.num_prompt_tokens // bs]
-        for index in range(1, group.params.n):
+        for index, token in enumerate(first_tokens, start=1):
             child = self._new_sequence(group, list(parent.token_ids), index)
-            rows = [SamplingRow(group.params, child.token_ids, child.num_prompt_tokens, child.seed)]
-            token = sample(logits.unsqueeze(0), rows, self._generator)[0]
             self.blocks.share(shared)
             child.block_table = list(shared)
             child.block_hashes = list(parent.block_hashes[: len(shared)])

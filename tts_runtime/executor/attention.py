@@ -5,6 +5,8 @@ and the flat varlen batch)."""
 
 from __future__ import annotations
 
+import functools
+import logging
 from typing import Protocol
 
 import torch
@@ -12,6 +14,8 @@ import torch.nn.functional as F
 
 from tts_runtime.config import ConfigError
 from tts_runtime.executor.batch import AttentionMetadata, DecodeGroup, whole_decode_batch
+
+log = logging.getLogger(__name__)
 
 
 class AttentionBackend(Protocol):
@@ -53,6 +57,19 @@ def _masked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: t
     return torch.matmul(torch.softmax(scores.float(), dim=-1).to(v.dtype), v)
 
 
+def store_kv(key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+             slot_mapping: torch.Tensor) -> None:
+    """Writes the new tokens' K/V [T, Hkv, D] to their slots (the CPU backends' store)."""
+    if k_cache.is_contiguous():
+        k_cache.view(-1, *k_cache.shape[2:]).index_copy_(0, slot_mapping, key.to(k_cache.dtype))
+        v_cache.view(-1, *v_cache.shape[2:]).index_copy_(0, slot_mapping, value.to(v_cache.dtype))
+        return
+    # Block-major shared pools (kv_cache.shared_kv_views) are strided over blocks.
+    blocks, offsets = slot_mapping // k_cache.shape[1], slot_mapping % k_cache.shape[1]
+    k_cache[blocks, offsets] = key.to(k_cache.dtype)
+    v_cache[blocks, offsets] = value.to(v_cache.dtype)
+
+
 def gather_kv(cache: torch.Tensor, block_tables: torch.Tensor, num_tokens: int) -> torch.Tensor:
     """[B, max_blocks] block ids -> [B, Hkv, num_tokens, D] keys or values."""
     b, nb = block_tables.shape
@@ -76,14 +93,7 @@ class TorchAttention:
 
     def store_kv(self, key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor,
                  v_cache: torch.Tensor, slot_mapping: torch.Tensor) -> None:
-        if k_cache.is_contiguous():
-            k_cache.view(-1, *k_cache.shape[2:]).index_copy_(0, slot_mapping, key.to(k_cache.dtype))
-            v_cache.view(-1, *v_cache.shape[2:]).index_copy_(0, slot_mapping, value.to(v_cache.dtype))
-            return
-        # Block-major shared pools (kv_cache.shared_kv_views) are strided over blocks.
-        blocks, offsets = slot_mapping // k_cache.shape[1], slot_mapping % k_cache.shape[1]
-        k_cache[blocks, offsets] = key.to(k_cache.dtype)
-        v_cache[blocks, offsets] = value.to(v_cache.dtype)
+        store_kv(key, value, k_cache, v_cache, slot_mapping)
 
     def attend(self, query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                meta: AttentionMetadata, scale: float, sliding_window: int | None,
@@ -129,13 +139,42 @@ class TorchAttention:
         return out.reshape(b, heads, dim)
 
 
-def select_backend(name: str, device: torch.device, group_decodes_by_length: bool = True) -> AttentionBackend:
+def select_backend(name: str, device: torch.device, group_decodes_by_length: bool = True,
+                   cascade: bool = True) -> AttentionBackend:
+    """`auto`: triton on CUDA; on CPU the in-place C++ kernel (cpu_attention.py), or the torch
+    backend with a one-time warning when the kernel cannot be built here. `cascade`:
+    shared-prefix attention in the cpu and triton backends."""
     if name == "auto":
-        name = "triton" if device.type == "cuda" else "torch"
+        name = "triton" if device.type == "cuda" else "cpu"
+        if name == "cpu" and kernel_unavailable() is not None:
+            name = "torch"
     if name == "torch":
         return TorchAttention(group_decodes_by_length)
+    if name == "cpu":
+        from tts_runtime.executor.cpu_attention import CpuPagedAttention, load_kernel
+
+        if device.type != "cpu":
+            raise ConfigError(f"attention backend 'cpu' runs on the CPU, not on {device}")
+        reason = kernel_unavailable()
+        if reason is not None:
+            raise ConfigError(f"attention backend 'cpu': the C++ kernel is unavailable ({reason}); "
+                              "use --attention-backend torch")
+        return CpuPagedAttention(load_kernel(), cascade, fallback=TorchAttention(group_decodes_by_length))
     if name == "triton":
         from tts_runtime.executor.triton_attention import TritonAttention
 
         return TritonAttention()
-    raise ConfigError(f"unknown attention backend '{name}'; choose auto, torch or triton")
+    raise ConfigError(f"unknown attention backend '{name}'; choose auto, cpu, torch or triton")
+
+
+@functools.cache
+def kernel_unavailable() -> str | None:
+    """Why the CPU kernel cannot be used here (None: it can); warns once."""
+    from tts_runtime.executor.cpu_attention import KernelUnavailable, load_kernel
+
+    try:
+        load_kernel()
+    except KernelUnavailable as exc:
+        log.warning("CPU paged-attention kernel unavailable, using the torch backend: %s", exc)
+        return str(exc)
+    return None

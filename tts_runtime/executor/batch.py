@@ -19,6 +19,8 @@ from functools import cached_property
 
 import torch
 
+from tts_runtime.executor.sampler import SamplingRow
+
 
 @dataclass
 class AttentionMetadata:
@@ -90,8 +92,18 @@ class ModelInput:
 
 
 @dataclass
+class SamplePlan:
+    """What to sample from a batch's logits: row `logit_rows[i]` of the sampled logits with
+    `rows[i]` (a forking prompt's children sample the parent's row once each)."""
+
+    logit_rows: list[int]
+    rows: list[SamplingRow]
+
+
+@dataclass
 class ModelOutput:
-    sample_logits: torch.Tensor  # [len(sample_rows), vocab]
+    sample_logits: torch.Tensor  # [len(sample_rows), vocab]; empty when the executor sampled
     score_logits: list[torch.Tensor]  # per score group: [rows, candidates]
+    sampled_tokens: list[int] | None = None  # one per SamplePlan row, when the executor sampled
 
 

@@ -6,32 +6,27 @@ from __future__ import annotations
 from concurrent.futures import Future
 from typing import Protocol
 
-import torch
-
-from tts_runtime.config import EngineConfig
+from tts_runtime.config import ConfigError, EngineConfig
 from tts_runtime.executor.attention import AttentionBackend, select_backend
-from tts_runtime.executor.batch import ModelInput, ModelOutput
+from tts_runtime.executor.batch import ModelInput, ModelOutput, SamplePlan
 from tts_runtime.executor.cuda_graphs import CudaGraphRunner
 from tts_runtime.executor.kv_cache import KVAllocation, KVCaches, allocate_kv_cache
 from tts_runtime.executor.local import LocalExecutor
-from tts_runtime.models.layers import EAGER_OPS, LayerOps
+from tts_runtime.executor.pipeline import PipelineGroup, StageModel
+from tts_runtime.executor.layer_ops import layer_ops
+from tts_runtime.models.layers import LayerOps
 from tts_runtime.models.loader import LoadedModel
 
 
 class Executor(Protocol):
-    def submit(self, batch: ModelInput) -> Future[ModelOutput]: ...
+    depth: int  # most microbatches the engine may keep in flight
+    samples: bool  # True: submit's plan is sampled by the executor (ModelOutput.sampled_tokens)
+
+    def can_launch(self) -> bool: ...
+
+    def submit(self, batch: ModelInput, sample_plan: SamplePlan | None = None) -> Future[ModelOutput]: ...
 
     def shutdown(self) -> None: ...
-
-
-def layer_ops(device: torch.device, config: EngineConfig) -> LayerOps:
-    """Fused Triton kernels on CUDA when `compile` is on; the eager ops otherwise (the CPU
-    path, bit-exact with HF)."""
-    if device.type == "cuda" and config.compile:
-        from tts_runtime.models.fused_ops import FUSED_OPS  # imports triton: CUDA only
-
-        return FUSED_OPS
-    return EAGER_OPS
 
 
 def decode_graphs(loaded: LoadedModel, kv_caches: KVCaches, backend: AttentionBackend, ops: LayerOps,
@@ -53,7 +48,21 @@ def build_local_executor(loaded: LoadedModel, config: EngineConfig, num_blocks: 
     device, dtype = weight.device, weight.dtype
     caches = kv.caches if kv is not None else allocate_kv_cache(
         loaded.arch, num_blocks, config.cache.block_size, dtype, device)
-    backend = select_backend(config.attention_backend, device, config.group_decodes_by_length)
+    backend = select_backend(config.attention_backend, device, config.group_decodes_by_length,
+                             config.cascade_attention)
     ops = layer_ops(device, config)
     return LocalExecutor(loaded.model, caches, backend, ops,
                          decode_graphs(loaded, caches, backend, ops, config, num_blocks))
+
+
+def build_executor(loaded: LoadedModel, config: EngineConfig, num_blocks: int,
+                   kv: KVAllocation | None = None) -> Executor:
+    """An engine's own device side: local at pp 1, else a pipeline of stage processes
+    serving this one model (a runtime builds one pipeline for both of its models)."""
+    if config.parallel.pp_size == 1:
+        return build_local_executor(loaded, config, num_blocks, kv)
+    if kv is not None:
+        raise ConfigError("the elastic memory policy needs --pp 1 (its KV pool lives in one process); "
+                          "use --memory-policy static or auto with pipeline parallelism")
+    group = PipelineGroup([StageModel.of("model", loaded, num_blocks)], config)
+    return group.executor("model", owns_group=True)

@@ -19,17 +19,18 @@ falls back to the torch backend and says so once.
 from __future__ import annotations
 
 import functools
-import logging
+import os
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 
 import torch
 
+from tts_runtime.executor.attention import AttentionBackend, store_kv
 from tts_runtime.executor.batch import AttentionMetadata
 from tts_runtime.models.loader import cache_root
 
-log = logging.getLogger(__name__)
 
 _SOURCE = Path(__file__).parent / "csrc" / "paged_attention_cpu.cpp"
 
@@ -38,6 +39,8 @@ _SOURCE = Path(__file__).parent / "csrc" / "paged_attention_cpu.cpp"
 ROW_TILE = 32
 # Keys per item: splits one long context over the cores when the batch is a single sequence.
 KEY_SPLIT = 1024
+# The kernel's vector width in fp32 lanes: head_dim must be a multiple of it.
+HEAD_DIM_MULTIPLE = 16
 
 
 class KernelUnavailable(RuntimeError):
@@ -57,6 +60,11 @@ def load_kernel() -> ModuleType:
 
         folder = build_dir()
         folder.mkdir(parents=True, exist_ok=True)
+        # The `ninja` dependency installs next to this interpreter, which need not be on PATH
+        # (.venv/bin/tts run without activating the venv).
+        scripts = str(Path(sys.executable).parent)
+        if scripts not in os.environ.get("PATH", "").split(os.pathsep):
+            os.environ["PATH"] = scripts + os.pathsep + os.environ.get("PATH", "")
         # -march=native: the build runs on the machine that uses it (make setup or first use).
         return load(name="tts_paged_attention_cpu", sources=[str(_SOURCE)], build_directory=str(folder),
                     extra_cflags=["-O3", "-march=native", "-fopenmp"], extra_ldflags=["-fopenmp"],
@@ -160,21 +168,21 @@ def build_plan(meta: AttentionMetadata, num_tokens: int, cascade: bool) -> Atten
 
 
 class CpuPagedAttention:
-    """The C++ paged-attention kernel; `cascade` turns shared-prefix attention on."""
+    """The C++ paged-attention kernel; `cascade` turns shared-prefix attention on. Head sizes
+    the kernel does not take (not a multiple of 16) go to `fallback`."""
 
     name = "cpu"
 
-    def __init__(self, kernel: ModuleType, cascade: bool = True) -> None:
+    def __init__(self, kernel: ModuleType, cascade: bool = True, fallback: AttentionBackend | None = None) -> None:
         self.kernel = kernel
         self.cascade = cascade
+        self.fallback = fallback
         # Every layer of a forward passes the same metadata: plan once per forward.
         self._plan_for: tuple[AttentionMetadata, AttentionPlan] | None = None
 
     def store_kv(self, key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor,
                  v_cache: torch.Tensor, slot_mapping: torch.Tensor) -> None:
-        blocks, offsets = slot_mapping // k_cache.shape[1], slot_mapping % k_cache.shape[1]
-        k_cache[blocks, offsets] = key.to(k_cache.dtype)
-        v_cache[blocks, offsets] = value.to(v_cache.dtype)
+        store_kv(key, value, k_cache, v_cache, slot_mapping)
 
     def plan(self, meta: AttentionMetadata, num_tokens: int) -> AttentionPlan:
         if self._plan_for is None or self._plan_for[0] is not meta:
@@ -184,6 +192,8 @@ class CpuPagedAttention:
     def attend(self, query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                meta: AttentionMetadata, scale: float, sliding_window: int | None,
                softcap: float | None) -> torch.Tensor:
+        if query.shape[2] % HEAD_DIM_MULTIPLE and self.fallback is not None:
+            return self.fallback.attend(query, k_cache, v_cache, meta, scale, sliding_window, softcap)
         if query.stride(2) != 1 or query.stride(1) != query.shape[2]:
             query = query.contiguous()
         out = torch.empty(query.shape, dtype=query.dtype)

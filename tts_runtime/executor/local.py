@@ -10,7 +10,7 @@ from concurrent.futures import Future
 import torch
 
 from tts_runtime.executor.attention import AttentionBackend
-from tts_runtime.executor.batch import ModelInput, ModelOutput
+from tts_runtime.executor.batch import ModelInput, ModelOutput, SamplePlan
 from tts_runtime.executor.cuda_graphs import CudaGraphRunner
 from tts_runtime.executor.kv_cache import KVCaches
 from tts_runtime.models.decoder import DecoderModel
@@ -21,6 +21,9 @@ class LocalExecutor:
     """Runs the model with the layer ops and attention backend it was built with. With
     `graphs` (CUDA only), decode-only batches the runner accepts replay a captured graph."""
 
+    depth = 1  # microbatches in flight
+    samples = False  # the driver samples the logits it returns
+
     def __init__(self, model: DecoderModel, kv_caches: KVCaches, backend: AttentionBackend,
                  ops: LayerOps = EAGER_OPS, graphs: CudaGraphRunner | None = None) -> None:
         self.model = model
@@ -29,7 +32,10 @@ class LocalExecutor:
         self.ops = ops
         self.graphs = graphs
 
-    def submit(self, batch: ModelInput) -> Future[ModelOutput]:
+    def can_launch(self) -> bool:
+        return True
+
+    def submit(self, batch: ModelInput, sample_plan: SamplePlan | None = None) -> Future[ModelOutput]:
         future: Future[ModelOutput] = Future()
         future.set_result(self.execute(batch))
         return future

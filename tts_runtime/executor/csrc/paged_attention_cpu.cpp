@@ -16,6 +16,7 @@
 #include <ATen/Parallel.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -74,13 +75,88 @@ struct Partials {
   float* acc;  // [entries, heads, head_dim]
 };
 
+// Tiles: KT keys at a time (one online-softmax update per tile), computed as sub-tiles of KS
+// keys (one AVX-512 register of fp32) against RB query vectors at once, so each loaded key or
+// value vector feeds RB multiply-adds from registers.
+constexpr int64_t KT = 64;
+constexpr int64_t KS = 16;
+constexpr int64_t RB = 4;
+
+// Keys [j0, j0 + n) of one kv head as fp32, zero-padded to KT: keys sub-tile-major
+// kt[sub][d][KS] (a query's scores over a sub-tile are D broadcast multiply-adds), values
+// vb[key][d].
+template <typename T>
+void load_tile(const T* k_head, const T* v_head, const int32_t* table, const CacheView& c, int64_t j0,
+               int64_t n, int64_t D, float* kt, float* vb) {
+  for (int64_t j = 0; j < KT; ++j) {
+    const int64_t sub = j / KS, jj = j % KS;
+    if (j >= n) {
+      for (int64_t d = 0; d < D; ++d) kt[(sub * D + d) * KS + jj] = 0.0f;
+      std::fill(vb + j * D, vb + (j + 1) * D, 0.0f);
+      continue;
+    }
+    const int64_t key = j0 + j;
+    const int64_t off = static_cast<int64_t>(table[key / c.block_size]) * c.block_stride +
+                        (key % c.block_size) * c.token_stride;
+    const T* kr = k_head + off;
+    const T* vr = v_head + off;
+    for (int64_t d = 0; d < D; ++d) kt[(sub * D + d) * KS + jj] = to_float(kr[d]);
+    for (int64_t d = 0; d < D; ++d) vb[j * D + d] = to_float(vr[d]);
+  }
+}
+
+// s[r][sub * KS + jj] = q[r] . key (unscaled) for the RB (or fewer) vectors from r0.
+template <int64_t ROWS>
+inline void scores_block(const float* q, int64_t r0, int64_t D, const float* kts, float* s, int64_t sub) {
+  float acc[ROWS][KS] = {};
+  for (int64_t d = 0; d < D; ++d) {
+    const float* kd = kts + d * KS;
+    for (int64_t r = 0; r < ROWS; ++r) {
+      const float qv = q[(r0 + r) * D + d];
+#pragma omp simd
+      for (int64_t jj = 0; jj < KS; ++jj) acc[r][jj] += qv * kd[jj];
+    }
+  }
+  for (int64_t r = 0; r < ROWS; ++r)
+    std::memcpy(s + (r0 + r) * KT + sub * KS, acc[r], sizeof(acc[r]));
+}
+
+// acc[r] = acc[r] * alpha[r] + sum_j p[r][j] v[j] for the vectors from r0.
+template <int64_t ROWS>
+inline void values_block(const float* p, const float* alpha, int64_t r0, int64_t n, int64_t D, const float* vb,
+                         float* acc) {
+  for (int64_t d0 = 0; d0 < D; d0 += KS) {
+    float a[ROWS][KS];
+    for (int64_t r = 0; r < ROWS; ++r)
+#pragma omp simd
+      for (int64_t jj = 0; jj < KS; ++jj) a[r][jj] = acc[(r0 + r) * D + d0 + jj] * alpha[r0 + r];
+    for (int64_t j = 0; j < n; ++j) {
+      const float* v = vb + j * D + d0;
+      for (int64_t r = 0; r < ROWS; ++r) {
+        const float pr = p[(r0 + r) * KT + j];
+#pragma omp simd
+        for (int64_t jj = 0; jj < KS; ++jj) a[r][jj] += pr * v[jj];
+      }
+    }
+    for (int64_t r = 0; r < ROWS; ++r) std::memcpy(acc + (r0 + r) * D + d0, a[r], sizeof(a[r]));
+  }
+}
+
+// softcap * tanh(x / softcap) through exp of a non-positive argument, so the loop vectorizes.
+inline float soft_cap(float x, float cap) {
+  const float y = x / cap;
+  const float e = exp_nonpositive(-2.0f * std::fabs(y));
+  const float t = (1.0f - e) / (1.0f + e);
+  return cap * (y < 0.0f ? -t : t);
+}
+
 template <typename T>
 void attend_item(const T* query, int64_t q_token_stride, const T* k_cache, const T* v_cache,
                  const CacheView& cache, const Plan& plan, const Params& prm, int64_t item,
                  int64_t kv_head, Partials part) {
   const int32_t* it = plan.items + item * 5;
   const int64_t seq = it[0], key_lo = it[1], key_hi = it[2], row_begin = it[3], row_end = it[4];
-  const int64_t D = prm.head_dim, G = prm.num_heads / prm.num_kv_heads, bs = cache.block_size;
+  const int64_t D = prm.head_dim, G = prm.num_heads / prm.num_kv_heads;
   const int64_t R = (row_end - row_begin) * G;  // query vectors: rows x heads of the group
 
   // Per query vector: its visible keys [lo, hi) within this item.
@@ -100,7 +176,7 @@ void attend_item(const T* query, int64_t q_token_stride, const T* k_cache, const
     }
   }
 
-  std::vector<float> q(R * D), acc(R * D, 0.0f), m(R, kNegInf), l(R, 0.0f);
+  std::vector<float> q(R * D), acc(R * D, 0.0f), m(R, kNegInf), l(R, 0.0f), alpha(R);
   for (int64_t e = row_begin; e < row_end; ++e) {
     const int64_t token = plan.rows[e * 2];
     for (int64_t g = 0; g < G; ++g) {
@@ -110,63 +186,50 @@ void attend_item(const T* query, int64_t q_token_stride, const T* k_cache, const
     }
   }
 
-  // One cache block at a time: keys transposed to [D, n] so a query's scores over the block
-  // are D broadcast multiply-adds over a row of n keys; values as [n, D].
-  std::vector<float> kt(D * bs), vb(bs * D), s(bs);
+  std::vector<float> kt(KT * D), vb(KT * D), s(R * KT);
   const int32_t* table = plan.tables + seq * plan.table_width;
-  for (int64_t j0 = first - first % bs; j0 < last; j0 += bs) {
-    const int64_t block = table[j0 / bs];
-    const int64_t a = std::max(j0, first), b = std::min(j0 + bs, last), n = b - a;
-    const T* kb = k_cache + block * cache.block_stride + kv_head * cache.head_stride;
-    const T* vbk = v_cache + block * cache.block_stride + kv_head * cache.head_stride;
-    for (int64_t j = 0; j < n; ++j) {
-      const T* kr = kb + (a - j0 + j) * cache.token_stride;
-      const T* vr = vbk + (a - j0 + j) * cache.token_stride;
-      for (int64_t d = 0; d < D; ++d) {
-        kt[d * n + j] = to_float(kr[d]);
-        vb[j * D + d] = to_float(vr[d]);
-      }
+  const T* k_head = k_cache + kv_head * cache.head_stride;
+  const T* v_head = v_cache + kv_head * cache.head_stride;
+  for (int64_t j0 = first; j0 < last; j0 += KT) {
+    const int64_t n = std::min(KT, last - j0), subs = (n + KS - 1) / KS;
+    load_tile(k_head, v_head, table, cache, j0, n, D, kt.data(), vb.data());
+    for (int64_t sub = 0; sub < subs; ++sub) {
+      const float* kts = kt.data() + sub * D * KS;
+      int64_t r0 = 0;
+      for (; r0 + RB <= R; r0 += RB) scores_block<RB>(q.data(), r0, D, kts, s.data(), sub);
+      for (; r0 < R; ++r0) scores_block<1>(q.data(), r0, D, kts, s.data(), sub);
     }
     for (int64_t r = 0; r < R; ++r) {
-      const int64_t vis_lo = std::max(lo[r], a), vis_hi = std::min(hi[r], b);
-      if (vis_lo >= vis_hi) continue;
-      const float* qr = q.data() + r * D;
-      std::fill(s.begin(), s.begin() + n, 0.0f);
-      for (int64_t d = 0; d < D; ++d) {
-        const float qd = qr[d];
-        const float* kd = kt.data() + d * n;
-#pragma omp simd
-        for (int64_t j = 0; j < n; ++j) s[j] += qd * kd[j];
+      float* sr = s.data() + r * KT;
+      const int64_t vis_lo = lo[r] - j0, vis_hi = std::min(hi[r] - j0, n);
+      float tile_max = kNegInf;
+#pragma omp simd reduction(max : tile_max)
+      for (int64_t j = 0; j < KT; ++j) {
+        float x = sr[j] * prm.scale;
+        if (prm.softcap > 0.0f) x = soft_cap(x, prm.softcap);
+        x = (j >= vis_lo && j < vis_hi) ? x : kNegInf;
+        sr[j] = x;
+        tile_max = std::max(tile_max, x);
       }
-      float block_max = kNegInf;
-      for (int64_t j = 0; j < n; ++j) {
-        float x = s[j] * prm.scale;
-        if (prm.softcap > 0.0f) x = prm.softcap * std::tanh(x / prm.softcap);
-        const int64_t key = a + j;
-        x = (key >= vis_lo && key < vis_hi) ? x : kNegInf;
-        s[j] = x;
-        block_max = std::max(block_max, x);
+      if (tile_max == kNegInf) {  // nothing visible here: weights 0, state unchanged
+        std::fill(sr, sr + KT, 0.0f);
+        alpha[r] = 1.0f;
+        continue;
       }
-      const float m_new = std::max(m[r], block_max);
-      const float alpha = exp_nonpositive(m[r] - m_new);  // m[r] = -inf on the first block: 0
+      const float m_new = std::max(m[r], tile_max);
       float sum = 0.0f;
 #pragma omp simd reduction(+ : sum)
-      for (int64_t j = 0; j < n; ++j) {
-        s[j] = exp_nonpositive(s[j] - m_new);
-        sum += s[j];
+      for (int64_t j = 0; j < KT; ++j) {
+        sr[j] = exp_nonpositive(sr[j] - m_new);
+        sum += sr[j];
       }
-      l[r] = l[r] * alpha + sum;
+      alpha[r] = exp_nonpositive(m[r] - m_new);  // m[r] = -inf before the first tile: 0
+      l[r] = l[r] * alpha[r] + sum;
       m[r] = m_new;
-      float* ar = acc.data() + r * D;
-#pragma omp simd
-      for (int64_t d = 0; d < D; ++d) ar[d] *= alpha;
-      for (int64_t j = 0; j < n; ++j) {
-        const float p = s[j];
-        const float* vr = vb.data() + j * D;
-#pragma omp simd
-        for (int64_t d = 0; d < D; ++d) ar[d] += p * vr[d];
-      }
     }
+    int64_t r0 = 0;
+    for (; r0 + RB <= R; r0 += RB) values_block<RB>(s.data(), alpha.data(), r0, n, D, vb.data(), acc.data());
+    for (; r0 < R; ++r0) values_block<1>(s.data(), alpha.data(), r0, n, D, vb.data(), acc.data());
   }
 
   for (int64_t e = row_begin; e < row_end; ++e) {
@@ -237,6 +300,7 @@ void paged_attention(const at::Tensor& query, const at::Tensor& k_cache, const a
                    static_cast<float>(softcap), window};
   TORCH_CHECK(prm.num_heads % prm.num_kv_heads == 0, "heads must be a multiple of kv heads");
   TORCH_CHECK(k_cache.size(3) == prm.head_dim, "head_dim mismatch");
+  TORCH_CHECK(prm.head_dim % KS == 0, "head_dim must be a multiple of ", KS);
   const Plan plan{tables.data_ptr<int32_t>(), tables.size(1), items.data_ptr<int32_t>(), rows.data_ptr<int32_t>()};
   const int64_t num_items = items.size(0), num_entries = rows.size(0), num_tokens = query.size(0);
 
@@ -251,8 +315,13 @@ void paged_attention(const at::Tensor& query, const at::Tensor& k_cache, const a
     const scalar_t* kc = k_cache.data_ptr<scalar_t>();
     const scalar_t* vc = v_cache.data_ptr<scalar_t>();
     const int64_t kvh = prm.num_kv_heads;
-    at::parallel_for(0, num_items * kvh, 1, [&](int64_t begin, int64_t end) {
-      for (int64_t w = begin; w < end; ++w)
+    // Items differ in size by orders of magnitude (a shared prompt vs one beam's suffix), so
+    // each thread takes the next item when it is done (the plan lists the largest first)
+    // instead of parallel_for's one fixed range per thread.
+    const int64_t total = num_items * kvh;
+    std::atomic<int64_t> next{0};
+    at::parallel_for(0, std::min<int64_t>(at::get_num_threads(), total), 1, [&](int64_t, int64_t) {
+      for (int64_t w = next++; w < total; w = next++)
         attend_item<scalar_t>(q, query.stride(0), kc, vc, cache, plan, prm, w / kvh, w % kvh, part);
     });
     scalar_t* o = out.data_ptr<scalar_t>();

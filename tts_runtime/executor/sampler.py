@@ -1,5 +1,8 @@
 """Turns next-token logits into tokens, one row per sequence, with per-row parameters.
 
+It runs on the driver (the default) or, with SiPipe's driver sampling switched off, on a
+pipeline's last stage: everything a row needs travels with it as plain data.
+
 Sampling inverts the CDF with one uniform number per row (filling a whole vocabulary row
 with noise costs more than the forward of a small model on a CPU). A seeded row's number
 is a function of plain data, (child seed, position), so its tokens depend neither on what
@@ -13,10 +16,12 @@ forward to finish), so the only host synchronisation is the final `.tolist()`.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
-from tts_runtime.engine.request import SamplingParams
+if TYPE_CHECKING:  # a message type of the engine above: its name only, no import cycle
+    from tts_runtime.engine.request import SamplingParams
 
 
 _SEED_MASK = 0x7FFF_FFFF_FFFF_FFFF

@@ -1,0 +1,284 @@
+"""The driver's side of pipeline parallelism: stage processes serving one or more models.
+
+A `PipelineGroup` spawns `pp_size` stage processes (stage_worker.py), each holding its
+layer slice of every model in the group (a runtime puts its generator and PRM in one
+group) and KV for its own layers, with the same block ids as the driver's one block
+table. Each engine talks to the group through a `PipelineExecutor`.
+
+Launching a microbatch sends its schedule to every stage at once (so later stages prepare
+early); the last stage sends the result back. At most `pp_size` microbatches are in flight
+in the whole group: activation slot m mod pp is then never rewritten while in use.
+
+Failures: a thread receives results and, between them, checks the stage processes; a
+stage that dies fails every pending microbatch with a one-line `PipelineFailure` naming
+the stage, its pid and the signal (within the poll interval), and the other stages are
+stopped; an exception inside a stage arrives with the stage's traceback. Stages die with
+the driver (see stage_worker.py). Sockets are TCP on loopback: no file is left behind.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import signal
+import socket
+import threading
+import time
+from concurrent.futures import Future
+from dataclasses import dataclass
+
+import torch
+import torch.multiprocessing as mp
+import zmq
+
+from tts_runtime.config import EngineConfig
+from tts_runtime.executor.batch import ModelInput, ModelOutput, SamplePlan
+from tts_runtime.executor.stage_messages import (Launch, Ready, Shutdown, StageFailure, StageModelSetup,
+                                                 StageResult, StageSetup, TraceDump, TraceRequest)
+from tts_runtime.executor.stage_split import stage_layers
+from tts_runtime.executor.stage_worker import stage_main
+from tts_runtime.models.arch import ArchConfig
+from tts_runtime.models.loader import LoadedModel
+
+_POLL_MS = 100
+_STARTUP_SECONDS = 600  # loading (and, the first time, converting) a model in every stage
+
+
+class PipelineFailure(RuntimeError):
+    """A stage died or raised; the message is one line naming the stage."""
+
+
+@dataclass(frozen=True)
+class StageModel:
+    """A model the pipeline serves: what the stages load, and how many KV blocks it has."""
+
+    key: str
+    model: str
+    dtype: torch.dtype
+    num_blocks: int
+    num_layers: int
+    arch: ArchConfig
+    samples_full_vocabulary: bool
+
+    @classmethod
+    def of(cls, key: str, loaded: LoadedModel, num_blocks: int, samples_full_vocabulary: bool = True) -> StageModel:
+        return cls(key, loaded.name, loaded.model.output_weight.dtype, num_blocks, loaded.arch.num_layers,
+                   loaded.arch, samples_full_vocabulary)
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def _describe_exit(code: int | None) -> str:
+    if code is not None and code < 0:
+        return f"killed by {signal.Signals(-code).name}"
+    return f"exited with code {code}"
+
+
+class PipelineGroup:
+    def __init__(self, models: list[StageModel], config: EngineConfig) -> None:
+        parallel = config.parallel
+        self.pp_size = pp = parallel.pp_size
+        self.config = config
+        self.layers = {m.key: stage_layers(m.arch, pp, parallel.pp_layers if i == 0 else None,
+                                           m.samples_full_vocabulary) for i, m in enumerate(models)}
+        threads = parallel.threads_per_stage or max(1, (os.cpu_count() or 1) // pp)
+        slot_bytes = max(config.scheduler.max_num_batched_tokens * m.arch.hidden_size
+                         * torch.empty((), dtype=m.dtype).element_size() for m in models)
+        # Boundary b joins stage b to b + 1; one slot per microbatch in flight.
+        slots = [[torch.zeros(slot_bytes, dtype=torch.uint8).share_memory_() for _ in range(pp)]
+                 for _ in range(pp - 1)] if parallel.structure_aware else [[] for _ in range(pp - 1)]
+        self.context = zmq.Context()
+        self.results = self.context.socket(zmq.PULL)
+        result_port = self.results.bind_to_random_port("tcp://127.0.0.1")
+        self.controls = []
+        control_ports = []
+        for _ in range(pp):
+            control = self.context.socket(zmq.PUSH)
+            control_ports.append(control.bind_to_random_port("tcp://127.0.0.1"))
+            self.controls.append(control)
+        link_ports = [_free_port() for _ in range(pp - 1)]
+        spawn = mp.get_context("spawn")
+        self.processes = []
+        for stage in range(pp):
+            setup = StageSetup(
+                stage=stage, pp_size=pp, config=config, threads=threads, parent_pid=os.getpid(),
+                models=[StageModelSetup(m.key, m.model, m.dtype, self.layers[m.key][stage], m.num_blocks)
+                        for m in models],
+                control_address=f"tcp://127.0.0.1:{control_ports[stage]}",
+                result_address=f"tcp://127.0.0.1:{result_port}",
+                receive_address=f"tcp://127.0.0.1:{link_ports[stage - 1]}" if stage > 0 else None,
+                send_address=f"tcp://127.0.0.1:{link_ports[stage]}" if stage < pp - 1 else None,
+                receive_slots=slots[stage - 1] if stage > 0 else [],
+                send_slots=slots[stage] if stage < pp - 1 else [])
+            process = spawn.Process(target=stage_main, args=(setup,), daemon=True, name=f"tts-stage-{stage}")
+            process.start()
+            self.processes.append(process)
+        self._ids = itertools.count()
+        self._pending: dict[int, Future[ModelOutput]] = {}
+        self._lock = threading.Lock()
+        self._traces: list[TraceDump] = []
+        self._trace_ready = threading.Condition(self._lock)
+        self._failure: PipelineFailure | None = None
+        self._closed = False
+        try:
+            self._await_ready()
+        except BaseException:
+            self._stop_processes()
+            self._close_sockets()
+            raise
+        self._receiver = threading.Thread(target=self._receive_loop, daemon=True, name="tts-pipeline-results")
+        self._receiver.start()
+
+    # -- start-up --------------------------------------------------------------------------
+    def _await_ready(self) -> None:
+        ready: set[int] = set()
+        deadline = time.monotonic() + _STARTUP_SECONDS
+        while len(ready) < self.pp_size:
+            if self.results.poll(_POLL_MS):
+                message = self.results.recv_pyobj()
+                if isinstance(message, StageFailure):
+                    raise PipelineFailure(self._failure_line(message))
+                if isinstance(message, Ready):
+                    ready.add(message.stage)
+                continue
+            dead = self._dead_stage()
+            if dead is not None:
+                raise PipelineFailure(dead)
+            if time.monotonic() > deadline:
+                raise PipelineFailure(f"pipeline stages {sorted(set(range(self.pp_size)) - ready)} did not start "
+                                      f"within {_STARTUP_SECONDS} s")
+
+    # -- launching -------------------------------------------------------------------------
+    def can_launch(self) -> bool:
+        with self._lock:
+            return len(self._pending) < self.pp_size
+
+    def launch(self, model: str, batch: ModelInput, sample_plan: SamplePlan | None) -> Future[ModelOutput]:
+        future: Future[ModelOutput] = Future()
+        with self._lock:
+            if self._failure is not None:
+                raise self._failure
+            microbatch = next(self._ids)
+            self._pending[microbatch] = future
+        message = Launch(microbatch, model, batch, sample_plan)
+        for control in self.controls:
+            control.send_pyobj(message)
+        return future
+
+    def trace(self) -> list[TraceDump]:
+        """Every stage's timeline so far: (what, microbatch, buffer version, start, end) with
+        perf_counter times (one clock on one machine)."""
+        with self._lock:
+            self._traces = []
+        for control in self.controls:
+            control.send_pyobj(TraceRequest())
+        with self._trace_ready:
+            self._trace_ready.wait_for(lambda: len(self._traces) == self.pp_size or self._failure is not None,
+                                       timeout=30)
+            if self._failure is not None:
+                raise self._failure
+            return sorted(self._traces, key=lambda dump: dump.stage)
+
+    # -- results and failures -----------------------------------------------------------------
+    def _receive_loop(self) -> None:
+        while not self._closed:
+            try:
+                has_message = self.results.poll(_POLL_MS)
+            except zmq.ZMQError:
+                return
+            if has_message:
+                self._handle(self.results.recv_pyobj())
+                continue
+            dead = self._dead_stage()
+            if dead is not None:
+                self._fail(PipelineFailure(dead))
+                return
+
+    def _handle(self, message) -> None:
+        if isinstance(message, StageResult):
+            with self._lock:
+                future = self._pending.pop(message.microbatch, None)
+            if future is not None:
+                future.set_result(message.output)
+        elif isinstance(message, TraceDump):
+            with self._trace_ready:
+                self._traces.append(message)
+                self._trace_ready.notify_all()
+        elif isinstance(message, StageFailure):
+            self._fail(PipelineFailure(self._failure_line(message)))
+
+    @staticmethod
+    def _failure_line(failure: StageFailure) -> str:
+        last = failure.traceback.strip().splitlines()[-1]
+        return f"pipeline stage {failure.stage} (pid {failure.pid}) raised {last}\n{failure.traceback}"
+
+    def _dead_stage(self) -> str | None:
+        if self._closed:
+            return None
+        for stage, process in enumerate(self.processes):
+            if not process.is_alive():
+                return f"pipeline stage {stage} (pid {process.pid}) {_describe_exit(process.exitcode)}"
+        return None
+
+    def _fail(self, failure: PipelineFailure) -> None:
+        with self._trace_ready:
+            self._failure = failure
+            pending, self._pending = self._pending, {}
+            self._trace_ready.notify_all()
+        for future in pending.values():
+            future.set_exception(failure)
+        self._stop_processes()
+
+    # -- shutdown --------------------------------------------------------------------------
+    def shutdown(self) -> None:
+        if self._closed:
+            return
+        if self._failure is None:
+            for control in self.controls:
+                control.send_pyobj(Shutdown())
+        for process in self.processes:
+            process.join(timeout=5)
+        self._closed = True
+        self._stop_processes()
+        self._receiver.join(timeout=2)
+        self._close_sockets()
+
+    def _stop_processes(self) -> None:
+        for process in self.processes:
+            if process.is_alive():
+                process.kill()
+        for process in self.processes:
+            process.join(timeout=2)
+
+    def _close_sockets(self) -> None:
+        for sock in [self.results, *self.controls]:
+            sock.close(linger=0)
+        self.context.term()
+
+    def executor(self, key: str, owns_group: bool = False) -> PipelineExecutor:
+        return PipelineExecutor(self, key, owns_group)
+
+
+class PipelineExecutor:
+    """One engine's handle on a pipeline group."""
+
+    def __init__(self, group: PipelineGroup, key: str, owns_group: bool) -> None:
+        self.group = group
+        self.key = key
+        self.owns_group = owns_group
+        self.depth = group.pp_size
+        self.samples = not group.config.parallel.sample_on_driver
+
+    def can_launch(self) -> bool:
+        return self.group.can_launch()
+
+    def submit(self, batch: ModelInput, sample_plan: SamplePlan | None = None) -> Future[ModelOutput]:
+        return self.group.launch(self.key, batch, sample_plan)
+
+    def shutdown(self) -> None:
+        if self.owns_group:
+            self.group.shutdown()

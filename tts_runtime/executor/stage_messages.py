@@ -1,0 +1,95 @@
+"""Messages between the pipeline's driver and its stage processes (pickled over ZeroMQ).
+
+Control (driver -> every stage, at launch, before any stage computes): `Launch`,
+`TraceRequest`, `Shutdown`. Results and status (stages -> driver): `Ready`,
+`StageResult` (last stage), `TraceDump`, `StageFailure`. Activations never travel in
+these messages when the transport is structure-aware (see stage_worker.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from tts_runtime.config import EngineConfig
+from tts_runtime.executor.batch import ModelInput, ModelOutput, SamplePlan
+
+
+@dataclass(frozen=True)
+class StageModelSetup:
+    """One model's slice on one stage."""
+
+    key: str
+    model: str  # what load_model resolves (alias, folder, .gguf, dummy:...)
+    dtype: torch.dtype
+    layers: range
+    num_blocks: int
+
+
+@dataclass
+class StageSetup:
+    stage: int
+    pp_size: int
+    models: list[StageModelSetup]
+    config: EngineConfig
+    threads: int
+    parent_pid: int
+    control_address: str  # this stage's control stream (it connects)
+    result_address: str  # to the driver (it connects)
+    receive_address: str | None  # activations from the previous stage (it binds)
+    send_address: str | None  # activations to the next stage (it connects)
+    # Shared-memory activation slots (uint8), slot = microbatch mod pp.
+    receive_slots: list[torch.Tensor] = field(default_factory=list)
+    send_slots: list[torch.Tensor] = field(default_factory=list)
+
+    @property
+    def is_first(self) -> bool:
+        return self.stage == 0
+
+    @property
+    def is_last(self) -> bool:
+        return self.stage == self.pp_size - 1
+
+
+@dataclass
+class Launch:
+    microbatch: int
+    model: str
+    batch: ModelInput
+    sample_plan: SamplePlan | None  # set when the last stage samples (SiPipe's driver sampling off)
+
+
+@dataclass
+class TraceRequest:
+    pass
+
+
+@dataclass
+class Shutdown:
+    pass
+
+
+@dataclass
+class Ready:
+    stage: int
+    pid: int
+
+
+@dataclass
+class StageResult:
+    microbatch: int
+    output: ModelOutput
+
+
+@dataclass
+class TraceDump:
+    stage: int
+    events: list[tuple[str, int, int, float, float]]  # (what, microbatch, buffer version, start, end)
+
+
+@dataclass
+class StageFailure:
+    stage: int
+    pid: int
+    traceback: str

@@ -1,0 +1,257 @@
+"""A pipeline stage process: its layer slice of every co-hosted model, KV for those layers.
+
+Per microbatch, in launch order: take the schedule (sent by the driver to every stage at
+launch), get the input activations (the first stage embeds the token ids; the others read
+the previous stage's shared-memory slot once it signals), run the slice, then hand the
+activations on, or, on the last stage, compute only the needed logits rows (and candidate
+columns for scores), sample them if asked, and return them to the driver.
+
+SiPipe's techniques, each switchable (ParallelConfig):
+* token-safe execution: a preparing thread copies microbatch i+1's schedule into the input
+  buffers of its parity while microbatch i computes; a buffer is refilled only after the
+  microbatch that used it has finished here (one semaphore per parity);
+* structure-aware transmission: the receiver sizes the activation from the schedule it
+  already holds, so the sender writes the slot and sends only a ready signal (off: the
+  activation travels as a message carrying its shape);
+* sampling off the last stage: driver-side by default; off, the last stage samples.
+
+No loop spins: every wait is a blocking poll with a timeout that checks the driver is alive.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import queue
+import signal
+import sys
+import threading
+import time
+import traceback
+from dataclasses import dataclass, replace
+
+import torch
+import zmq
+
+from tts_runtime.executor.attention import select_backend
+from tts_runtime.executor.batch import AttentionMetadata, ModelInput, ModelOutput
+from tts_runtime.executor.layer_ops import layer_ops
+from tts_runtime.executor.kv_cache import allocate_kv_cache
+from tts_runtime.executor.local import compute_output_logits
+from tts_runtime.executor.sampler import sample
+from tts_runtime.executor.stage_messages import (Launch, Ready, Shutdown, StageFailure, StageModelSetup,
+                                                 StageResult, StageSetup, TraceDump, TraceRequest)
+from tts_runtime.models.loader import load_model
+
+_POLL_MS = 200
+_PR_SET_PDEATHSIG = 1
+
+
+@dataclass
+class _StageModel:
+    model: torch.nn.Module
+    layers: range
+    kv_caches: list[tuple[torch.Tensor, torch.Tensor]]
+    hidden_size: int
+    dtype: torch.dtype
+
+
+def _die_with_parent(parent_pid: int) -> None:
+    """The kernel kills this process when the driver dies (Linux); the poll loops also
+    check the parent, for the window before prctl and for other systems."""
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    except OSError:
+        pass
+    if os.getppid() != parent_pid:
+        sys.exit(0)
+
+
+def _receive(socket: zmq.Socket, parent_pid: int, copy: bool = True):
+    while not socket.poll(_POLL_MS):
+        if os.getppid() != parent_pid:
+            sys.exit(0)
+    return socket.recv_pyobj() if copy else socket.recv()
+
+
+class _InputBuffers:
+    """One version of a stage's input tensors; a batch is copied in and read as views."""
+
+    def __init__(self) -> None:
+        self._store: dict[str, torch.Tensor] = {}
+
+    def _hold(self, name: str, value: torch.Tensor) -> torch.Tensor:
+        held = self._store.get(name)
+        if held is None or held.dtype != value.dtype or held.numel() < value.numel():
+            held = torch.empty(max(value.numel(), 1) * 2, dtype=value.dtype)
+            self._store[name] = held
+        view = held[: value.numel()].view(value.shape)
+        view.copy_(value)
+        return view
+
+    def fill(self, batch: ModelInput) -> ModelInput:
+        meta = batch.meta
+        held_meta = replace(meta, slot_mapping=self._hold("slots", meta.slot_mapping),
+                            decode_block_tables=self._hold("decode_tables", meta.decode_block_tables),
+                            decode_context_lens=self._hold("decode_lens", meta.decode_context_lens),
+                            prefill_block_tables=self._hold("prefill_tables", meta.prefill_block_tables))
+        return replace(batch, input_ids=self._hold("ids", batch.input_ids),
+                       positions=self._hold("positions", batch.positions), meta=held_meta)
+
+
+class StageWorker:
+    def __init__(self, setup: StageSetup) -> None:
+        self.setup = setup
+        parallel = setup.config.parallel
+        self.context = zmq.Context()
+        self.control = self.context.socket(zmq.PULL)
+        self.control.connect(setup.control_address)
+        self.results = self.context.socket(zmq.PUSH)
+        self.results.connect(setup.result_address)
+        self.upstream = self.downstream = None
+        if setup.receive_address is not None:
+            self.upstream = self.context.socket(zmq.PULL)
+            self.upstream.bind(setup.receive_address)
+        if setup.send_address is not None:
+            self.downstream = self.context.socket(zmq.PUSH)
+            self.downstream.connect(setup.send_address)
+        self.models = {spec.key: self._load(spec) for spec in setup.models}
+        device = torch.device("cpu")
+        self.backend = select_backend(setup.config.attention_backend, device, setup.config.group_decodes_by_length)
+        self.ops = layer_ops(device, setup.config)
+        self.generator = torch.Generator().manual_seed(setup.config.seed)
+        self.buffers = [_InputBuffers(), _InputBuffers()]
+        self.free_versions = [threading.Semaphore(1), threading.Semaphore(1)]
+        self.prepared: queue.Queue = queue.Queue()
+        self.events: list[tuple[str, int, int, float, float]] = []
+        self.token_safe = parallel.token_safe
+        self.structure_aware = parallel.structure_aware
+
+    def _load(self, spec: StageModelSetup) -> _StageModel:
+        loaded = load_model(spec.model, spec.dtype, torch.device("cpu"))
+        model = loaded.model
+        model.drop_layers_outside(spec.layers, keep_embedding=self.setup.is_first, keep_head=self.setup.is_last)
+        own_layers = replace(loaded.arch, num_layers=len(spec.layers))  # KV for this stage's layers only
+        caches = allocate_kv_cache(own_layers, spec.num_blocks, self.setup.config.cache.block_size, spec.dtype,
+                                   torch.device("cpu"))
+        return _StageModel(model, spec.layers, caches, loaded.arch.hidden_size, spec.dtype)
+
+    # -- preparing inputs (token-safe execution) -------------------------------------------
+    def _prepare_loop(self) -> None:
+        while True:
+            message = _receive(self.control, self.setup.parent_pid)
+            self.prepared.put(self._prepare(message))
+            if isinstance(message, Shutdown):
+                return
+
+    def _prepare(self, message):
+        if not isinstance(message, Launch):
+            return message, None
+        version = message.microbatch % 2
+        self.free_versions[version].acquire()  # the microbatch that used it has finished here
+        start = time.perf_counter()
+        batch = self.buffers[version].fill(message.batch)
+        self.events.append(("prepare", message.microbatch, version, start, time.perf_counter()))
+        return replace(message, batch=batch), version
+
+    def _next(self):
+        if self.token_safe:
+            while True:
+                try:
+                    return self.prepared.get(timeout=_POLL_MS / 1000)
+                except queue.Empty:
+                    if os.getppid() != self.setup.parent_pid:
+                        sys.exit(0)
+        return self._prepare(_receive(self.control, self.setup.parent_pid))
+
+    # -- running microbatches ---------------------------------------------------------------
+    def run(self) -> None:
+        self.results.send_pyobj(Ready(self.setup.stage, os.getpid()))
+        if self.token_safe:
+            threading.Thread(target=self._prepare_loop, daemon=True).start()
+        while True:
+            message, version = self._next()
+            if isinstance(message, Shutdown):
+                return
+            if isinstance(message, TraceRequest):
+                self.results.send_pyobj(TraceDump(self.setup.stage, list(self.events)))
+                continue
+            try:
+                self._run_microbatch(message, version)
+            finally:
+                self.free_versions[version].release()
+
+    @torch.inference_mode()
+    def _run_microbatch(self, launch: Launch, version: int) -> None:
+        stage_model = self.models[launch.model]
+        batch = launch.batch
+        wait = time.perf_counter()
+        if self.setup.is_first:
+            hidden = stage_model.model.embed(batch.input_ids)
+        else:
+            hidden = self._receive_activation(launch, stage_model)
+        start = time.perf_counter()
+        self.events.append(("wait", launch.microbatch, version, wait, start))
+        hidden = stage_model.model.run_layers(hidden, batch.positions, stage_model.kv_caches, batch.meta,
+                                              self.backend, self.ops, stage_model.layers)
+        if self.setup.is_last:
+            self.results.send_pyobj(StageResult(launch.microbatch, self._output(stage_model, hidden, launch)))
+        else:
+            self._send_activation(launch, hidden)
+        self.events.append(("compute", launch.microbatch, version, start, time.perf_counter()))
+
+    def _output(self, stage_model: _StageModel, hidden: torch.Tensor, launch: Launch) -> ModelOutput:
+        model = stage_model.model
+        output = compute_output_logits(model, model.norm(hidden, self.ops), launch.batch)
+        plan = launch.sample_plan
+        if plan is None:
+            return output
+        logits = output.sample_logits[plan.logit_rows] if plan.logit_rows else output.sample_logits
+        tokens = sample(logits, plan.rows, self.generator) if plan.rows else []
+        return ModelOutput(output.sample_logits[:0], output.score_logits, tokens)
+
+    def _slot(self, slots: list[torch.Tensor], launch: Launch, stage_model: _StageModel) -> torch.Tensor:
+        tokens = launch.batch.input_ids.shape[0]
+        size = torch.empty((), dtype=stage_model.dtype).element_size()
+        raw = slots[launch.microbatch % self.setup.pp_size][: tokens * stage_model.hidden_size * size]
+        return raw.view(stage_model.dtype).view(tokens, stage_model.hidden_size)
+
+    def _send_activation(self, launch: Launch, hidden: torch.Tensor) -> None:
+        if self.structure_aware:
+            self._slot(self.setup.send_slots, launch, self.models[launch.model]).copy_(hidden)
+            self.downstream.send(launch.microbatch.to_bytes(8, "little"))
+        else:
+            self.downstream.send_pyobj((launch.microbatch, hidden.clone()))
+
+    def _receive_activation(self, launch: Launch, stage_model: _StageModel) -> torch.Tensor:
+        if self.structure_aware:
+            signal_bytes = _receive(self.upstream, self.setup.parent_pid, copy=False)
+            microbatch, hidden = int.from_bytes(signal_bytes, "little"), None
+        else:
+            microbatch, hidden = _receive(self.upstream, self.setup.parent_pid)
+        if microbatch != launch.microbatch:
+            raise RuntimeError(f"stage {self.setup.stage} expected microbatch {launch.microbatch}, "
+                               f"got {microbatch}: stages must run microbatches in launch order")
+        # The slot of microbatch m is rewritten only by m + pp, which cannot launch before m
+        # has left the last stage: reading it in place is safe.
+        return self._slot(self.setup.receive_slots, launch, stage_model) if hidden is None else hidden
+
+
+def stage_main(setup: StageSetup) -> None:
+    """Entry point of a spawned stage process."""
+    _die_with_parent(setup.parent_pid)
+    torch.set_num_threads(setup.threads)
+    worker = None
+    try:
+        worker = StageWorker(setup)
+        worker.run()
+    except SystemExit:
+        raise
+    except BaseException:
+        context = zmq.Context.instance()
+        report = context.socket(zmq.PUSH)
+        report.setsockopt(zmq.LINGER, 2000)
+        report.connect(setup.result_address)
+        report.send_pyobj(StageFailure(setup.stage, os.getpid(), traceback.format_exc()))
+        report.close()
+        sys.exit(1)
