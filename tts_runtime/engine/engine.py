@@ -46,14 +46,17 @@ class EngineStats:
     generated_tokens: int = 0
     scored_positions: int = 0
     decode_batch_sizes: list[int] = field(default_factory=list)
+    microbatch_tokens: list[int] = field(default_factory=list)  # tokens of each launched microbatch
+    in_flight_at_launch: list[int] = field(default_factory=list)  # microbatches in flight, this one included
 
     def as_dict(self) -> dict:
-        sizes = self.decode_batch_sizes
+        sizes, depth = self.decode_batch_sizes, self.in_flight_at_launch
         return {
             "steps": self.steps, "prompt_tokens": self.prompt_tokens,
             "computed_tokens": self.computed_tokens, "cached_prompt_tokens": self.cached_prompt_tokens,
             "generated_tokens": self.generated_tokens, "scored_positions": self.scored_positions,
             "mean_decode_batch": sum(sizes) / len(sizes) if sizes else 0.0,
+            "mean_in_flight": sum(depth) / len(depth) if depth else 0.0,
         }
 
 
@@ -253,6 +256,8 @@ class Engine:
             self._in_flight.append(_Microbatch(layout, plan, future))
             self.stats.steps += 1
             self.stats.computed_tokens += batch.num_tokens
+            self.stats.microbatch_tokens.append(batch.num_tokens)
+            self.stats.in_flight_at_launch.append(len(self._in_flight))
             if batch.decodes:
                 self.stats.decode_batch_sizes.append(len(batch.decodes))
 
