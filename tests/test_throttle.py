@@ -180,6 +180,16 @@ def test_decodes_split_over_pp_microbatches_take_all_of_them():
     assert scheduler.schedule(3).empty
 
 
+def test_a_lane_without_ready_decodes_lends_its_turn():
+    scheduler = make_scheduler(pp_size=2)
+    only = running_decode(scheduler, 0)
+    # One decode, two lanes: lane 1 is empty, so microbatch 1 takes lane 0's decode
+    # (an engine scheduling lanes in turn would otherwise wait on lane 1 for ever).
+    assert scheduler.schedule(1).decodes == [only] and only.lane == 0
+    only.in_flight = True
+    assert scheduler.schedule(0).empty and scheduler.schedule(1).empty
+
+
 @pytest.mark.parametrize("policy", ["sarathi", "throttle"])
 def test_lanes_stay_stable_and_rebalance_only_past_a_difference_of_one(policy):
     scheduler = make_scheduler(pp_size=2, policy=policy)

@@ -172,9 +172,16 @@ class Scheduler:
         return batch
 
     def _lane_decodes(self, microbatch: int) -> list[Sequence]:
-        """The running decodes of this microbatch's lane that are not in flight."""
+        """The decodes of this microbatch's lane that are not in flight. A lane with none
+        ready (fewer decodes than lanes, or a moved one still in flight) lends the turn to
+        the next lane that has some: a microbatch then lacks decodes only when none is
+        ready anywhere, so an engine that schedules lanes in turn cannot stall."""
         lanes = update_lanes([s for s in self.running if s.is_decode], self.pp_size)
-        return [s for s in lanes[microbatch % self.pp_size] if not s.in_flight]
+        for offset in range(self.pp_size):
+            ready = [s for s in lanes[(microbatch + offset) % self.pp_size] if not s.in_flight]
+            if ready:
+                return ready
+        return []
 
     def _chunk(self, seq: Sequence, budget: int) -> int:
         limit = self.config.max_prefill_chunk or budget
