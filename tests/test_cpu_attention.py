@@ -7,14 +7,17 @@ tokens."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 
 import pytest
 import torch
 
-from tts_runtime.executor.attention import TorchAttention
+from tts_runtime import CacheConfig, ConfigError, Engine, EngineConfig, SamplingParams, SchedulerConfig, ScoreParams
+from tts_runtime.executor.attention import TorchAttention, select_backend
 from tts_runtime.executor.batch import AttentionMetadata
-from tts_runtime.executor.cpu_attention import CpuPagedAttention, KernelUnavailable, load_kernel, prefix_tree
+from tts_runtime.executor.cpu_attention import (CpuPagedAttention, KernelUnavailable, batch_sequences, load_kernel,
+                                                prefix_tree)
 
 REL_TOL = {torch.float32: 1e-5, torch.bfloat16: 2e-2}
 
@@ -70,7 +73,6 @@ def build(case: Case):
         v_cache = torch.randn(num_blocks, bs, hkv, d, generator=gen).to(case.dtype)
     decodes = [i for i, s in enumerate(case.seqs) if s.decode]
     prefills = [i for i, s in enumerate(case.seqs) if not s.decode]
-    order = decodes + prefills
     width = max(len(t) for t in tables) + 1
 
     def padded(rows: list[int]) -> torch.Tensor:
@@ -94,11 +96,11 @@ def build(case: Case):
     )
     h = case.num_heads
     qkv = torch.randn(start, h + 2 * hkv, d, generator=gen).to(case.dtype)
-    return qkv[:, :h], k_cache, v_cache, meta, order
+    return qkv[:, :h], k_cache, v_cache, meta
 
 
 def check(kernel, case: Case, cascade: bool = True) -> CpuPagedAttention:
-    query, k_cache, v_cache, meta, _ = build(case)
+    query, k_cache, v_cache, meta = build(case)
     scale = case.head_dim ** -0.5
     ref = TorchAttention().attend(query, k_cache, v_cache, meta, scale, case.window, case.softcap)
     backend = CpuPagedAttention(kernel, cascade=cascade)
@@ -144,13 +146,82 @@ def test_kernel_matches_torch(kernel, name: str, cascade: bool) -> None:
 
 def test_prefix_tree_groups_by_block_ids() -> None:
     case = CASES["beams-diverging-at-different-blocks"]
-    _, _, _, meta, _ = build(case)
-    from tts_runtime.executor.cpu_attention import _sequences
-
-    nodes = {(tuple(sorted(m)), a, b) for m, a, b in prefix_tree(_sequences(meta), 16)}
+    meta = build(case)[3]
+    nodes = {(tuple(sorted(m)), a, b) for m, a, b in prefix_tree(batch_sequences(meta), 16)}
     # 0..3 share block 0-1 with 4; 0, 1, 2 share 2-9; 0 and 1 share 10-28; 3 shares 2's 10-19.
     assert ((0, 1, 2, 3, 4), 0, 2) in nodes
     assert ((0, 1, 2, 3), 2, 10) in nodes
     assert ((0, 1), 10, 29) in nodes
     assert ((2, 3), 10, 20) in nodes
     assert ((4,), 2, 6) in nodes
+
+
+# -- the engine on the real demo models ----------------------------------------------------
+
+BACKENDS = {"torch": dict(attention_backend="torch"), "cpu-flat": dict(attention_backend="cpu", cascade_attention=False),
+            "cpu-cascade": dict(attention_backend="cpu", cascade_attention=True)}
+SMALL_POOL = CacheConfig(num_blocks=160)  # these prompts need < 100 blocks; the default pool is 1 GiB
+
+
+@pytest.fixture(scope="module")
+def problem(math500_path) -> str:
+    return json.loads(math500_path.read_text().splitlines()[0])["problem"]
+
+
+def beam_prompts(tokenizer, problem: str) -> list[list[int]]:
+    """A MATH-500 problem with diverging earlier steps, as beam search sends them."""
+    head = tokenizer.apply_chat_template([{"role": "user", "content": problem}], tokenize=True,
+                                         add_generation_prompt=True, return_dict=False)
+    steps = ["## Step 1: Convert to polar form.\n\n", "## Step 1: Find r first.\n\nr = sqrt(0 + 9) = 3.\n\n",
+             "## Step 1: The point lies on the positive y-axis, so the angle is pi/2.\n\n"]
+    return [head] + [head + tokenizer.encode(s, add_special_tokens=False) for s in steps]
+
+
+def test_greedy_tokens_match_torch_on_beams_sharing_a_prefix(generator_model, problem):
+    prompts = beam_prompts(generator_model.tokenizer, problem)
+    # A small token budget splits the prompts into chunks that extend cached prefixes and
+    # share steps with the decodes of the prompts already running.
+    scheduler = SchedulerConfig(max_num_batched_tokens=48)
+    params = [SamplingParams(temperature=0, max_tokens=20, ignore_eos=True)] * len(prompts)
+    params[0] = SamplingParams(temperature=0, n=3, max_tokens=20, ignore_eos=True)  # forks of one prompt
+    outputs = {}
+    for name, switches in BACKENDS.items():
+        engine = Engine(generator_model.name, EngineConfig(cache=SMALL_POOL, scheduler=scheduler, **switches), loaded=generator_model)
+        assert engine.executor.backend.name == switches["attention_backend"]
+        outputs[name] = [[c.token_ids for c in o.completions] for o in engine.generate(prompts, params)]
+    assert outputs["cpu-cascade"] == outputs["torch"]
+    assert outputs["cpu-flat"] == outputs["torch"]
+
+
+def test_prm_scores_match_torch_with_sliding_window_layers(prm_model, problem):
+    # Gemma 3: sliding-window and global layers, 1 KV head, head_dim 256.
+    prompts = beam_prompts(prm_model.tokenizer, problem)
+    candidates = prm_model.tokenizer.encode(" yes no", add_special_tokens=False)
+    params = [ScoreParams(positions=tuple(range(len(p) - 12, len(p))), candidate_token_ids=candidates,
+                          return_logits=True) for p in prompts]
+    scores = {}
+    for name, switches in BACKENDS.items():
+        engine = Engine(prm_model.name, EngineConfig(cache=SMALL_POOL, **switches), loaded=prm_model)
+        engine.score(prompts[:1], params[:1])  # the rest extend a cached prefix
+        scores[name] = torch.tensor([o.scores for o in engine.score(prompts, params)])
+    for name in ("cpu-flat", "cpu-cascade"):
+        torch.testing.assert_close(scores[name], scores["torch"], rtol=1e-4, atol=1e-4)
+
+
+def test_preemption_keeps_greedy_tokens(generator_model, problem):
+    prompts = beam_prompts(generator_model.tokenizer, problem)[1:]
+    greedy = SamplingParams(temperature=0, max_tokens=32, ignore_eos=True)
+    roomy = Engine(generator_model.name, EngineConfig(cache=SMALL_POOL, attention_backend="torch"), loaded=generator_model)
+    expected = [o.completions[0].token_ids for o in roomy.generate(prompts, greedy)]
+    need = -(-(max(len(p) for p in prompts) + 32) // 16)
+    tight = Engine(generator_model.name, EngineConfig(cache=CacheConfig(num_blocks=need + 4), attention_backend="cpu"),
+                   loaded=generator_model)
+    got = [o.completions[0].token_ids for o in tight.generate(prompts, greedy)]
+    assert tight.scheduler.num_preemptions > 0
+    assert got == expected
+
+
+def test_auto_picks_the_kernel_on_cpu_and_unknown_backend_is_a_config_error():
+    assert select_backend("auto", torch.device("cpu")).name == "cpu"
+    with pytest.raises(ConfigError, match="unknown attention backend"):
+        select_backend("flash", torch.device("cpu"))

@@ -92,7 +92,7 @@ class _Seq:
     table: list[int]
 
 
-def _sequences(meta: AttentionMetadata) -> list[_Seq]:
+def batch_sequences(meta: AttentionMetadata) -> list[_Seq]:
     seqs = []
     lens = meta.decode_context_lens.tolist()
     for i, table in enumerate(meta.decode_block_tables.tolist()[: meta.num_decodes]):
@@ -132,7 +132,7 @@ def prefix_tree(seqs: list[_Seq], block_size: int) -> list[tuple[list[int], int,
 
 
 def build_plan(meta: AttentionMetadata, num_tokens: int, cascade: bool) -> AttentionPlan:
-    seqs = _sequences(meta)
+    seqs = batch_sequences(meta)
     bs = meta.block_size
     if cascade:
         nodes = prefix_tree(seqs, bs)
