@@ -225,3 +225,13 @@ def test_auto_picks_the_kernel_on_cpu_and_unknown_backend_is_a_config_error():
     assert select_backend("auto", torch.device("cpu")).name == "cpu"
     with pytest.raises(ConfigError, match="unknown attention backend"):
         select_backend("flash", torch.device("cpu"))
+
+
+def test_cli_rejects_an_unknown_attention_backend_in_one_line():
+    from typer.testing import CliRunner
+
+    from tts_runtime.cli import app
+
+    result = CliRunner().invoke(app, ["beam", "--limit", "1", "--attention-backend", "flash"])
+    assert result.exit_code == 2
+    assert "error: unknown attention backend 'flash'" in result.output

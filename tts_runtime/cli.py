@@ -42,6 +42,7 @@ from tts_runtime.runtime import Runtime, check_backend
 
 DEFAULT_GENERATOR = "smollm2-135m-instruct"
 DEFAULT_PRM = "gemma3-270m"
+ATTENTION_BACKENDS = ("auto", "cpu", "torch", "triton")
 
 app = typer.Typer(name="tts", help="Test-time-compute search: PRM-guided beam search, best-of-N, DVTS.",
                   no_args_is_help=True, add_completion=False, pretty_exceptions_show_locals=False)
@@ -165,6 +166,10 @@ def _make_search_command(method: str, summary: str) -> None:
                                                       "while one computes.")] = True,
         structure_aware: Annotated[bool, typer.Option(help="SiPipe: activations through pre-sized "
                                                            "shared-memory slots, no shape messages.")] = True,
+        attention_backend: Annotated[str, typer.Option(help="auto (the C++ kernel on CPU, triton on CUDA), "
+                                                            "cpu, torch or triton.")] = "auto",
+        cascade: Annotated[bool, typer.Option(help="Shared-prefix (cascade) attention in the cpu "
+                                                   "backend.")] = True,
     ) -> None:
         config = SearchConfig(
             method=method, n=n, beam_width=beam_width, num_iterations=num_iterations,
@@ -183,9 +188,12 @@ def _make_search_command(method: str, summary: str) -> None:
         parallel = ParallelConfig(pp, tuple(_csv(pp_layers, "pp-layers", int) or []) or None,
                                   threads_per_stage=threads_per_stage, sample_on_driver=sample_on_driver,
                                   token_safe=token_safe, structure_aware=structure_aware)
+        if attention_backend not in ATTENTION_BACKENDS:
+            raise ConfigError(f"unknown attention backend '{attention_backend}'; choose "
+                              f"{', '.join(ATTENTION_BACKENDS)}")
         _run_search_command(config, selection, generator, prm, out, resume, device,
                             _memory_config(device_memory, memory_split, memory_policy), scale, scheduler, parallel,
-                            backend=backend)
+                            backend=backend, attention=(attention_backend, cascade))
 
     search_command.__doc__ = summary
     command(app, method)(search_command)
@@ -203,7 +211,8 @@ def _scale_out(replicas: int | None, ray_address: str | None, threads: int, devi
 def _run_search_command(config: SearchConfig, selection: dict, generator: str, prm: str, out: Path | None,
                         resume: bool, device: str, memory: MemoryConfig, scale: ScaleOut | None = None,
                         scheduler: SchedulerConfig = SchedulerConfig(),
-                        parallel: ParallelConfig = ParallelConfig(), *, backend: str = "native") -> None:
+                        parallel: ParallelConfig = ParallelConfig(), *, backend: str = "native",
+                        attention: tuple[str, bool] = ("auto", True)) -> None:
     problems = load_problems(selection["name"], dataset_path=selection["path"], limit=selection["limit"],
                              levels=set(selection["levels"]) if selection["levels"] else None,
                              ids=set(selection["ids"]) if selection["ids"] else None)
@@ -221,13 +230,14 @@ def _run_search_command(config: SearchConfig, selection: dict, generator: str, p
                           "serve the native engine")
     folder = RunFolder.open(out or Path("runs") / f"{config.method}-{time.strftime('%Y%m%d-%H%M%S')}",
                             resume=resume)
+    engine_config = EngineConfig(device=device, scheduler=scheduler, parallel=parallel,
+                                 attention_backend=attention[0], cascade_attention=attention[1])
     if scale is not None:
-        _run_scaled_command(config, selection, problems, ReplicaSpec(generator, prm, memory,
-                                                                      EngineConfig(device=device, scheduler=scheduler, parallel=parallel)),
+        _run_scaled_command(config, selection, problems, ReplicaSpec(generator, prm, memory, engine_config),
                             folder, scale)
         return
     console.print(f"loading {generator} + {prm} ...")
-    runtime = Runtime(generator, prm, memory=memory, engine_config=EngineConfig(device=device, scheduler=scheduler, parallel=parallel),
+    runtime = Runtime(generator, prm, memory=memory, engine_config=engine_config,
                       backend=backend)
     try:
         folder.write_config(run_config(runtime, config, selection, sys.argv))
