@@ -34,6 +34,7 @@ class EngineBenchConfig:
     steps: int = 8
     repeats: int = 3
     dtypes: tuple[torch.dtype, ...] = (torch.float32,)
+    vllm: bool = False  # also both workloads on vLLM (evals/bench_vllm.py), in the same alternation
 
 
 def _generate_prompts(loaded: LoadedModel, count: int) -> list[list[int]]:
@@ -75,11 +76,16 @@ def bench_generate(config: EngineBenchConfig, dtype: torch.dtype) -> SideBySide:
     for warm in (engine, ungrouped):
         _tts_generate(warm, prompts[:4], 4)
     side = SideBySide("generate")
-    side.run({
+    variants = {
         "hf": lambda: _hf_generate(hf, loaded.tokenizer, prompts, config.new_tokens),
         "tts": lambda: _tts_generate(engine, prompts, config.new_tokens),
         "tts_ungrouped": lambda: _tts_generate(ungrouped, prompts, config.new_tokens),
-    }, config.repeats)
+    }
+    if config.vllm:
+        from evals.bench_vllm import generate_variant
+
+        variants["vllm"] = generate_variant(loaded, dtype, prompts, config.new_tokens)
+    side.run(variants, config.repeats)
     return side
 
 
@@ -143,9 +149,14 @@ def bench_score(config: EngineBenchConfig, dtype: torch.dtype) -> SideBySide:
     queries = _score_queries(prm, question, beams, config.steps)
     pad = prm.tokenizer.pad_token_id or 0
     side = SideBySide("score")
-    side.run({"hf": lambda: _hf_score(hf, queries, pad, last_only=True),
-              "hf_full_head": lambda: _hf_score(hf, queries, pad, last_only=False),
-              "tts": lambda: _tts_score(prm, queries, dtype)}, config.repeats)
+    variants = {"hf": lambda: _hf_score(hf, queries, pad, last_only=True),
+                "hf_full_head": lambda: _hf_score(hf, queries, pad, last_only=False),
+                "tts": lambda: _tts_score(prm, queries, dtype)}
+    if config.vllm:
+        from evals.bench_vllm import score_variant
+
+        variants["vllm"] = score_variant(prm, dtype, queries)
+    side.run(variants, config.repeats)
     return side
 
 
@@ -184,6 +195,17 @@ def _dtype_rows(config: EngineBenchConfig, dtype: torch.dtype, gen: SideBySide, 
          "hf": f"{tokens['hf']:.0f}", "tts": f"{tokens['tts']:.0f}",
          "ratio": f"{tokens['hf'] / tokens['tts']:.2f}x fewer", "target": ">= 3x"},
     ]
+
+
+def _vllm_rows(dtype: torch.dtype, gen: SideBySide, score: SideBySide, summary: dict) -> list[dict]:
+    from evals.bench_vllm import engine_rows
+
+    rates = {k: gen.median(k, "tokens") / gen.median(k, "seconds") for k in ("tts", "vllm")}
+    seconds = {k: score.median(k, "seconds") for k in ("tts", "vllm")}
+    tokens = {k: score.median(k, "computed_tokens") for k in ("tts", "vllm")}
+    summary["vllm"] = {"generate_tokens_per_s": rates["vllm"], "score_seconds": seconds["vllm"],
+                       "score_computed_tokens": tokens["vllm"]}
+    return engine_rows(_name(dtype), rates, seconds, tokens)
 
 
 def _summary(gen: SideBySide, score: SideBySide) -> dict:
@@ -226,6 +248,8 @@ def run_engine_bench(config: EngineBenchConfig, command: str) -> str:
         gen, score = bench_generate(config, dtype), bench_score(config, dtype)
         rows += _dtype_rows(config, dtype, gen, score)
         summaries[_name(dtype)] = _summary(gen, score)
+        if config.vllm:
+            rows += _vllm_rows(dtype, gen, score, summaries[_name(dtype)])
     if len(config.dtypes) > 1:
         rows += _best_rows(config, summaries)
     notes = [f"Medians of {config.repeats} alternating repetitions per dtype (generate: hf, tts, tts_ungrouped, "

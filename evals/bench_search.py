@@ -33,6 +33,7 @@ from tts_runtime.runtime import Runtime
 
 _ZERO = RunCounters(EngineCounters(), EngineCounters(), 0, 0)
 _BATCH_ONE = "tts-batch-1"
+_TTS_VLLM, _SAL_VLLM = "tts-vllm", "sal-vllm"
 # (key in a side's measurement, label, format)
 _ROWS = (
     ("problems_per_min", "problems/min", "{:.2f}"),
@@ -54,6 +55,7 @@ class SearchBench:
     rounds: int = 1
     baseline: bool = True
     out_dir: Path = Path("docs/benchmarks")
+    vllm: bool = False  # add tts on vLLM and search-and-learn's vLLM + HF configuration (evals/bench_vllm.py)
 
 
 @dataclass
@@ -82,6 +84,35 @@ def _measure_baseline(models: HFModels, problems: Sequence[Problem], config: Sea
     return {**measured, "accuracy": accuracy(results)["accuracy"]}
 
 
+def _vllm_variants(bench: SearchBench, problems: Sequence[Problem], config: SearchConfig,
+                   models: HFModels | None, log: Callable[[str], None]) -> tuple[dict, Callable[[], None]]:
+    """tts on vLLM, and search-and-learn's algorithm with its generator on vLLM and its PRM
+    on HF (one problem at a time); the second callable shuts their engines down."""
+    from evals.bench_vllm import run_sal_vllm
+    from tts_runtime.vllm_engine import VllmEngine
+
+    runtime = Runtime(bench.generator, bench.prm, memory=bench.memory, backend="vllm")
+    models = models or HFModels.load(bench.generator, bench.prm)
+    # Its own engine, as large as tts's vLLM generator, so neither inherits the other's cache.
+    generator = VllmEngine(bench.generator, kv_cache_bytes=runtime.generator.kv_cache_bytes)
+
+    def sal() -> dict:
+        start = time.perf_counter()
+        results = run_sal_vllm(generator, models, problems, config)
+        measured = throughput(results, time.perf_counter() - start, _ZERO)
+        for only_tts in ("prefix_hit_rate", "score_cache", "engine"):
+            measured.pop(only_tts)
+        return {**measured, "accuracy": accuracy(results)["accuracy"]}
+
+    def shutdown() -> None:
+        runtime.shutdown()
+        generator.shutdown()
+
+    variants = {_TTS_VLLM: _logged(log, "tts on vLLM", lambda: _measure_tts(runtime, problems, config)),
+                _SAL_VLLM: _logged(log, "search-and-learn: generator on vLLM, PRM on HF re-encoding", sal)}
+    return variants, shutdown
+
+
 def _logged(log: Callable[[str], None], label: str, measure: Callable[[], dict]) -> Callable[[], dict]:
     def run() -> dict:
         log(f"running {label} ...")
@@ -105,11 +136,17 @@ def bench_search(bench: SearchBench, *, command: Sequence[str],
     if bench.baseline:
         models = HFModels.load(bench.generator, bench.prm)
         variants["baseline"] = _logged(log, "the plain HF baseline", lambda: _measure_baseline(models, problems, config))
+    stop_vllm = None
+    if bench.vllm:
+        more, stop_vllm = _vllm_variants(bench, problems, config, models if bench.baseline else None, log)
+        variants.update(more)
     rounds = SideBySide("search")
     try:
         rounds.run(variants, bench.rounds)
     finally:
         runtime.shutdown()
+        if stop_vllm is not None:
+            stop_vllm()
     data = {
         "benchmark": "search", "problems": len(problems), "rounds": bench.rounds,
         "config": config.to_dict(), "models": {"generator": bench.generator, "prm": bench.prm},
@@ -122,6 +159,11 @@ def bench_search(bench: SearchBench, *, command: Sequence[str],
         data["ratio"] = {label: {key: _ratio(data["median"][label][key], data["median"]["baseline"][key])
                                  for key in ("problems_per_min", "generator_tokens_per_s", "prm_tokens_per_s")}
                          for label in rounds.runs if label != "baseline"}
+    if _SAL_VLLM in rounds.runs:
+        # search-and-learn on vLLM is the configuration users run today: the baseline to beat.
+        data["ratio_to_sal_vllm"] = {label: _ratio(data["median"][label]["problems_per_min"],
+                                                   data["median"][_SAL_VLLM]["problems_per_min"])
+                                     for label in rounds.runs if label != _SAL_VLLM}
     report = BenchReport(data, _markdown(data))
     bench.out_dir.mkdir(parents=True, exist_ok=True)
     (bench.out_dir / "search.json").write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
@@ -137,7 +179,9 @@ def _markdown(data: dict[str, Any]) -> str:
     config, median = data["config"], data["median"]
     labels = list(median)  # tts, tts-batch-1 (when the batch is > 1), baseline: the run order
     ratios = data.get("ratio", {})
-    header = {"tts": f"tts (batch {config['problem_batch']})", _BATCH_ONE: "tts (batch 1)", "baseline": "HF baseline"}
+    header = {"tts": f"tts (batch {config['problem_batch']})", _BATCH_ONE: "tts (batch 1)", "baseline": "HF baseline",
+              _TTS_VLLM: f"tts on vLLM (batch {config['problem_batch']})",
+              _SAL_VLLM: "search-and-learn: vLLM generator, HF PRM"}
     ratio_labels = [label for label in labels if label in ratios]
     lines = [
         "# Search benchmark: tts vs plain HF beam search",
@@ -168,6 +212,7 @@ def _markdown(data: dict[str, Any]) -> str:
         f"{hits['generator']:.1%}, PRM {hits['prm']:.1%}; score-cache hit rate {cache['hit_rate']:.1%} "
         f"({cache['hits']} hits, {cache['misses']} misses). Last round, batch {config['problem_batch']}.",
         "",
+        *_sal_vllm_lines(data, header),
         "Machine: " + ", ".join(f"{k} {v}" for k, v in data["machine"].items() if v is not None) + ". "
         "Versions: " + ", ".join(f"{k} {v}" for k, v in data["versions"].items()) + ".",
         "",
@@ -179,6 +224,15 @@ def _markdown(data: dict[str, Any]) -> str:
         "",
     ]
     return "\n".join(lines)
+
+
+def _sal_vllm_lines(data: dict[str, Any], header: dict[str, str]) -> list[str]:
+    ratios = data.get("ratio_to_sal_vllm")
+    if not ratios:
+        return []
+    cells = ", ".join(f"{header[label]} {_times(ratio)}" for label, ratio in ratios.items())
+    return [f"Problems/min against search-and-learn's configuration (generator on vLLM, PRM on HF re-encoding, "
+            f"one problem at a time; vLLM settings in docs/vllm.md): {cells}.", ""]
 
 
 def _times(ratio: float | None) -> str:

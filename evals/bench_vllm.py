@@ -31,18 +31,20 @@ from tts_runtime.engine.request import SamplingParams
 from tts_runtime.models.loader import LoadedModel
 from tts_runtime.vllm_engine import VllmEngine
 
-KV_BYTES = 1 << 30  # per engine; both workloads need far less
 
 
-def _engine(loaded: LoadedModel, dtype: torch.dtype) -> VllmEngine:
+def _engine(loaded: LoadedModel, dtype: torch.dtype, tokens: int) -> VllmEngine:
+    """A vLLM engine whose KV cache holds `tokens` tokens and a quarter more (no
+    preemption, and no more memory than the workload needs on a shared machine)."""
+    per_token = loaded.arch.kv_bytes_per_token(torch.tensor([], dtype=dtype).element_size())
     return VllmEngine(ModelSpec(loaded.name, str(dtype).removeprefix("torch.")), EngineConfig(), loaded=loaded,
-                      kv_cache_bytes=KV_BYTES)
+                      kv_cache_bytes=int(tokens * 1.25) * per_token)
 
 
 def generate_variant(loaded: LoadedModel, dtype: torch.dtype, prompts: list[list[int]],
                      new_tokens: int) -> Callable[[], dict]:
     """The engine benchmark's generate workload on vLLM (T=0.8, ignore EOS)."""
-    engine = _engine(loaded, dtype)
+    engine = _engine(loaded, dtype, sum(len(p) + new_tokens for p in prompts))
     params = SamplingParams(temperature=0.8, max_tokens=new_tokens, ignore_eos=True)
     engine.generate(prompts[:4], SamplingParams(temperature=0.8, max_tokens=4))  # warm-up, as for tts
 
@@ -55,7 +57,7 @@ def generate_variant(loaded: LoadedModel, dtype: torch.dtype, prompts: list[list
 def score_variant(loaded: LoadedModel, dtype: torch.dtype, queries: list[list[Any]]) -> Callable[[], dict]:
     """The engine benchmark's score workload on vLLM, iteration by iteration; each run
     starts from an empty prefix cache, as tts's runs start from a new engine."""
-    engine = _engine(loaded, dtype)
+    engine = _engine(loaded, dtype, sum(len(q.token_ids) for q in queries[-1]))
 
     def run() -> dict:
         engine.reset_prefix_cache()

@@ -16,7 +16,7 @@ import sys
 
 import pytest
 
-from tts_runtime.config import ConfigError, EngineConfig
+from tts_runtime.config import CacheConfig, ConfigError, EngineConfig
 from tts_runtime.engine.engine import Engine
 from tts_runtime.engine.request import SamplingParams
 
@@ -24,6 +24,8 @@ HAS_VLLM = importlib.util.find_spec("vllm") is not None
 needs_vllm = pytest.mark.skipif(not HAS_VLLM, reason="vLLM is not installed in this environment; "
                                 "`make test` runs this file again in .venv-vllm, where it is")
 SCORE_TOLERANCE = 2e-3  # fp32 both sides; vLLM's CPU kernels sum in another order than ours
+KV_BYTES = 128 << 20  # each engine's KV cache: the workloads here hold a few thousand tokens
+SMALL = EngineConfig(cache=CacheConfig(kv_cache_bytes=KV_BYTES))
 
 
 @pytest.fixture(scope="module")
@@ -40,7 +42,7 @@ def math_prompts(generator_model, math500_path) -> list[list[int]]:
 def vllm_generator(generator_model):
     from tts_runtime.vllm_engine import VllmEngine
 
-    engine = VllmEngine(generator_model.name, loaded=generator_model, kv_cache_bytes=256 << 20)
+    engine = VllmEngine(generator_model.name, loaded=generator_model, kv_cache_bytes=KV_BYTES)
     yield engine
     engine.shutdown()
 
@@ -49,7 +51,7 @@ def vllm_generator(generator_model):
 def vllm_prm(prm_model):
     from tts_runtime.vllm_engine import VllmEngine
 
-    engine = VllmEngine(prm_model.name, loaded=prm_model, kv_cache_bytes=256 << 20)
+    engine = VllmEngine(prm_model.name, loaded=prm_model, kv_cache_bytes=KV_BYTES)
     yield engine
     engine.shutdown()
 
@@ -57,7 +59,7 @@ def vllm_prm(prm_model):
 @needs_vllm
 def test_greedy_generation_equals_the_native_engine(generator_model, vllm_generator, math_prompts):
     params = SamplingParams(temperature=0, max_tokens=24)
-    native = Engine(generator_model.name, EngineConfig(), loaded=generator_model).generate(math_prompts, params)
+    native = Engine(generator_model.name, SMALL, loaded=generator_model).generate(math_prompts, params)
     on_vllm = vllm_generator.generate(math_prompts, params)
     for ours, theirs in zip(native, on_vllm):
         assert theirs.completions[0].token_ids == ours.completions[0].token_ids
@@ -86,7 +88,7 @@ def test_prm_scores_equal_the_native_engine(prm_model, vllm_prm, math500_path):
     steps = ["Let me write the expression out.\n\n", "So the answer is $\\boxed{3}$.\n\n"]
     fmt = make_prm_format("judge", prm_model.tokenizer)
     queries = [fmt.build(question, steps[:k]) for k in (1, 2)]
-    native = Engine(prm_model.name, EngineConfig(), loaded=prm_model)
+    native = Engine(prm_model.name, SMALL, loaded=prm_model)
     params = [q.score_params() for q in queries]
     ours = native.score([q.token_ids for q in queries], params)
     cached_before = vllm_prm.stats.cached_prompt_tokens
@@ -106,7 +108,7 @@ def test_score_at_an_inner_position(prm_model, vllm_prm):
 
     ids = prm_model.tokenizer("Is two plus two four? Yes. Is it five? No.")["input_ids"]
     params = ScoreParams(positions=(5, len(ids) - 1), candidate_token_ids=(ids[6], ids[-1]))
-    ours = Engine(prm_model.name, EngineConfig(), loaded=prm_model).score([ids], params)[0]
+    ours = Engine(prm_model.name, SMALL, loaded=prm_model).score([ids], params)[0]
     theirs = vllm_prm.score([ids], params)[0]
     assert len(theirs.scores) == 2
     assert theirs.scores == [pytest.approx(row, abs=SCORE_TOLERANCE) for row in ours.scores]
