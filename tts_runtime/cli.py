@@ -514,6 +514,31 @@ def bench_gpu_command(
     typer.echo(run_gpu_bench(config, shlex.join(["tts", *sys.argv[1:]])))
 
 
+@command(bench_app, "pipeline")
+def bench_pipeline_command(
+    num_prompts: Annotated[int, typer.Option(help="Generate workload: prompts.")] = 32,
+    new_tokens: Annotated[int, typer.Option(help="Generate workload: new tokens per prompt.")] = 64,
+    beams: Annotated[int, typer.Option(help="Score workload: beams.")] = 16,
+    steps: Annotated[int, typer.Option(help="Score workload: steps per beam.")] = 8,
+    search_problems: Annotated[int, typer.Option(help="Search workload: MATH-500 problems.")] = 2,
+    rounds: Annotated[int, typer.Option(help="Alternating rounds of every variant; medians.")] = 3,
+    workloads: Annotated[str, typer.Option(help="Comma-separated: generate, score, search.")] = "generate,score,search",
+    switches: Annotated[bool, typer.Option(help="Also PP2 throttle with each SiPipe switch off (generate).")] = True,
+    out_dir: Annotated[Path, typer.Option(help="Where pipeline.json/md and pipeline_trace.json go.")]
+    = Path("docs/benchmarks"),
+) -> None:
+    """PP1 (1 and 2 threads) vs PP2 (sarathi, throttle, SiPipe switches off): tokens/s, stage busy/idle,
+    microbatches in flight (writes pipeline.json/md and a Chrome trace)."""
+    from evals.bench_pipeline import PipelineBenchConfig, bench_pipeline
+
+    config = PipelineBenchConfig(num_prompts=num_prompts, new_tokens=new_tokens, beams=beams, steps=steps,
+                                 search_problems=search_problems, rounds=rounds,
+                                 workloads=tuple(_csv(workloads, "workloads", str)), switches=switches,
+                                 out_dir=out_dir)
+    report = bench_pipeline(config, command=shlex.join(["tts", *sys.argv[1:]]), log=console.print)
+    typer.echo(report.markdown_path.read_text())
+
+
 command(app, "sweep-memory")(sweep_memory)
 command(models_app, "profile")(profile_command)
 
