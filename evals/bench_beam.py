@@ -143,7 +143,11 @@ def run_beam_bench(config: BeamBenchConfig, command: str) -> str:
              f"{config.repeats} alternating repetitions ({', '.join(side.runs)}, ...) in one process.",
              "Every tts repetition re-prefills its prompts (prefill is part of the time, as for HF); "
              "the prompt blocks are shared by the 4 forks of each prompt.",
-             "Prompts: a MATH-500 problem, then the statements of the following problems as earlier steps."]
+             "Prompts: a MATH-500 problem, then the statements of the following problems as earlier steps.",
+             "The profile that motivated the CPU kernel: `py-spy record -o beam.svg -- .venv/bin/tts beam "
+             "--dataset math500 --limit 1 --num-iterations 4 --no-sort-completed --attention-backend torch` "
+             "(drop the last option for the kernel); issue 15 measured `gather_kv` at 26% and the attention "
+             "over its copies at 21% of such a run."]
     path = write_report("beam_decode", "Beam-shaped decode: tts attention switches vs HF (and vLLM)", command,
                         summary, rows, notes)
     return str(path)

@@ -169,9 +169,13 @@ def problem(math500_path) -> str:
 
 
 def beam_prompts(tokenizer, problem: str) -> list[list[int]]:
-    """A MATH-500 problem with diverging earlier steps, as beam search sends them."""
-    head = tokenizer.apply_chat_template([{"role": "user", "content": problem}], tokenize=True,
-                                         add_generation_prompt=True, return_dict=False)
+    """A MATH-500 problem with diverging earlier steps, as beam search sends them (the PRM
+    stand-in is a base model without a chat template: plain text)."""
+    if tokenizer.chat_template is None:
+        head = tokenizer.encode(problem + "\n\n")
+    else:
+        head = tokenizer.apply_chat_template([{"role": "user", "content": problem}], tokenize=True,
+                                             add_generation_prompt=True, return_dict=False)
     steps = ["## Step 1: Convert to polar form.\n\n", "## Step 1: Find r first.\n\nr = sqrt(0 + 9) = 3.\n\n",
              "## Step 1: The point lies on the positive y-axis, so the angle is pi/2.\n\n"]
     return [head] + [head + tokenizer.encode(s, add_special_tokens=False) for s in steps]
@@ -182,8 +186,8 @@ def test_greedy_tokens_match_torch_on_beams_sharing_a_prefix(generator_model, pr
     # A small token budget splits the prompts into chunks that extend cached prefixes and
     # share steps with the decodes of the prompts already running.
     scheduler = SchedulerConfig(max_num_batched_tokens=48)
-    params = [SamplingParams(temperature=0, max_tokens=20, ignore_eos=True)] * len(prompts)
-    params[0] = SamplingParams(temperature=0, n=3, max_tokens=20, ignore_eos=True)  # forks of one prompt
+    params = [SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)] * len(prompts)
+    params[0] = SamplingParams(temperature=0, n=3, max_tokens=12, ignore_eos=True)  # forks of one prompt
     outputs = {}
     for name, switches in BACKENDS.items():
         engine = Engine(generator_model.name, EngineConfig(cache=SMALL_POOL, scheduler=scheduler, **switches), loaded=generator_model)
