@@ -85,6 +85,5 @@ def test_extract_boxed() -> None:
 
 
 def test_normalize_answer_is_idempotent() -> None:
-    for _, expected in EXTRACTION_CASES:
-        if expected is not None:
-            assert normalize_answer(expected) == expected
+    answers = [expected for _, expected in EXTRACTION_CASES if expected is not None]
+    assert [normalize_answer(answer) for answer in answers] == answers
