@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import os
 import socket
+import time
 from collections import deque
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
@@ -33,6 +34,7 @@ from tts_runtime.config import ConfigError
 ATTEMPTS = 2  # a work item runs at most twice
 _LOCAL_OBJECT_STORE = 100 << 20
 _READY_TIMEOUT_S = 1800.0  # first model load dequantizes GGUF files: minutes on a slow CPU
+_REPING_S = 0.5
 
 
 @dataclass(frozen=True)
@@ -143,16 +145,19 @@ class ReplicaPool:
     def wait_ready(self) -> None:
         """Block until every replica has built its state (models loaded); a constructor error
         is raised here, once, instead of as a failure of every item."""
-        try:
-            ready, _ = ray.wait(list(self._pings), num_returns=len(self._pings), timeout=_READY_TIMEOUT_S)
-            for ref in ready:
-                self._pings.pop(ref).info = ray.get(ref)
-        except RayError as exc:
-            raise ConfigError(f"a replica could not start: {_cause(exc)}") from None
-        if self._pings:
-            raise ConfigError(f"{len(self._pings)} replica(s) not placed within {_READY_TIMEOUT_S:.0f} s")
-        for replica in self.replicas:
-            replica.state = "ready"
+        deadline = time.monotonic() + _READY_TIMEOUT_S
+        while self._pings:
+            ready, _ = ray.wait(list(self._pings), num_returns=1, timeout=max(deadline - time.monotonic(), 0))
+            if not ready:
+                raise ConfigError(f"{len(self._pings)} replica(s) not up within {_READY_TIMEOUT_S:.0f} s")
+            replica = self._pings.pop(ready[0])
+            try:
+                replica.info = ray.get(ready[0])
+                replica.state = "ready"
+            except ActorUnavailableError:  # it died while loading and Ray is restarting it
+                self._ping_later(replica)
+            except RayError as exc:
+                raise ConfigError(f"a replica could not start: {_cause(exc)}") from None
 
     def run(self, method: str, items: Iterable[WorkItem]) -> Iterator[Outcome]:
         """Serve `items` from one queue; yield each outcome as it completes."""
@@ -237,13 +242,17 @@ class ReplicaPool:
             self.restarts += 1
             self._pings[replica.handle.ready.remote()] = replica
 
+    def _ping_later(self, replica: Replica) -> None:
+        time.sleep(_REPING_S)  # a restarting actor may refuse calls at once: do not spin on it
+        self._pings[replica.handle.ready.remote()] = replica
+
     def _revived(self, ref: Any) -> None:
         replica = self._pings.pop(ref)
         try:
             replica.info = ray.get(ref)
             replica.state = "ready"
         except ActorUnavailableError:  # Ray has not restarted it yet: ask again
-            self._pings[replica.handle.ready.remote()] = replica
+            self._ping_later(replica)
         except RayError:
             replica.state = "dead"
             self.restarts -= 1
