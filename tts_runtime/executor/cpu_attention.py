@@ -19,6 +19,7 @@ falls back to the torch backend and says so once.
 from __future__ import annotations
 
 import functools
+import hashlib
 import os
 import sys
 from dataclasses import dataclass
@@ -48,8 +49,11 @@ class KernelUnavailable(RuntimeError):
 
 
 def build_dir() -> Path:
-    # One folder per torch version: the extension links against torch's C++ ABI.
-    return cache_root() / "torch_extensions" / f"torch-{torch.__version__.replace('+', '-')}"
+    """One folder per torch version (the extension links against torch's C++ ABI) and per
+    source file and contents: ninja rebuilds whenever the source path in its build file
+    changes, so two checkouts sharing one folder would rebuild each other's kernel."""
+    digest = hashlib.sha1(str(_SOURCE).encode() + _SOURCE.read_bytes()).hexdigest()[:12]
+    return cache_root() / "torch_extensions" / f"torch-{torch.__version__.replace('+', '-')}-{digest}"
 
 
 @functools.cache
