@@ -15,6 +15,8 @@ starts (attention cost depends on the lengths, not the words).
 from __future__ import annotations
 
 import importlib.util
+import statistics
+import time
 from dataclasses import dataclass
 
 import torch
@@ -150,4 +152,91 @@ def run_beam_bench(config: BeamBenchConfig, command: str) -> str:
              "over its copies at 21% of such a run."]
     path = write_report("beam_decode", "Beam-shaped decode: tts attention switches vs HF (and vLLM)", command,
                         summary, rows, notes)
+    return str(path)
+
+
+# -- attention alone ---------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class LayerShape:
+    name: str
+    heads: int
+    kv_heads: int
+    head_dim: int
+    dtype: torch.dtype = torch.float32
+    window: int | None = None
+
+
+def _beam_batch(shape: LayerShape, prompt: int, suffixes: list[int], groups: int, chunk: int = 1):
+    """`groups` prompts of `prompt` tokens with one fork per suffix (fork 0 owns the prompt's
+    blocks, the others share its full blocks), random K/V in a shuffled paged pool. chunk > 1:
+    each sequence is a prefill chunk of that many tokens instead of a decode."""
+    from tts_runtime.executor.batch import AttentionMetadata
+
+    bs, gen = 16, torch.Generator().manual_seed(0)
+    tables: list[list[int]] = []
+    ids = iter(torch.randperm(groups * (prompt + max(suffixes)) // bs * len(suffixes) + 64, generator=gen).tolist())
+    for _ in range(groups):
+        first = len(tables)
+        for i, suffix in enumerate(suffixes):
+            shared = tables[first][: prompt // bs] if i else []
+            tables.append(shared + [next(ids) for _ in range(-(-(prompt + suffix) // bs) - len(shared))])
+    lens = [prompt + s for _ in range(groups) for s in suffixes]
+    width = max(len(t) for t in tables)
+    table = torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.int32)
+    num_blocks = int(table.max()) + 1
+    k = torch.randn(num_blocks, bs, shape.kv_heads, shape.head_dim, generator=gen).to(shape.dtype)
+    v = torch.randn(num_blocks, bs, shape.kv_heads, shape.head_dim, generator=gen).to(shape.dtype)
+    empty = torch.zeros(1, width, dtype=torch.int32)
+    if chunk == 1:
+        meta = AttentionMetadata(torch.zeros(0, dtype=torch.long), len(lens), table,
+                                 torch.tensor(lens, dtype=torch.int32), [], [], [], empty, bs)
+    else:
+        meta = AttentionMetadata(torch.zeros(0, dtype=torch.long), 0, empty, torch.zeros(0, dtype=torch.int32),
+                                 [i * chunk for i in range(len(lens))], [chunk] * len(lens), lens, table, bs)
+    query = torch.randn(len(lens) * chunk, shape.heads, shape.head_dim, generator=gen).to(shape.dtype)
+    return query, k, v, meta
+
+
+def bench_attention(repeats: int) -> tuple[list[dict], dict]:
+    """One layer's attention at beam search's shapes, the three CPU paths alternating."""
+    from tts_runtime.executor.attention import TorchAttention
+    from tts_runtime.executor.cpu_attention import CpuPagedAttention, load_kernel
+
+    smollm, gemma = LayerShape("SmolLM2-135M layer", 9, 3, 64), LayerShape("Gemma-3-270M global layer", 4, 1, 256)
+    workloads = [
+        ("decode: 4 prompts x 4 beams, 1500 shared + 120-150 own tokens", smollm, dict(chunk=1)),
+        ("decode, bf16 cache", LayerShape("SmolLM2-135M layer", 9, 3, 64, torch.bfloat16), dict(chunk=1)),
+        ("PRM score: 4 beams x 64-token chunks over a shared 1500", gemma, dict(chunk=64, groups=1)),
+    ]
+    kernel = load_kernel()
+    rows, raw = [], {}
+    for label, shape, extra in workloads:
+        query, k, v, meta = _beam_batch(shape, 1500, [130, 140, 120, 150], extra.get("groups", 4), extra["chunk"])
+        backends = {"torch": TorchAttention(), "kernel": CpuPagedAttention(kernel, cascade=False),
+                    "cascade": CpuPagedAttention(kernel, cascade=True)}
+        times: dict[str, list[float]] = {name: [] for name in backends}
+        for _ in range(repeats):
+            for name, backend in backends.items():
+                start = time.perf_counter()
+                backend.attend(query, k, v, meta, shape.head_dim ** -0.5, shape.window, None)
+                backend._plan_for = None  # the plan is paid once per forward: count it here
+                times[name].append(time.perf_counter() - start)
+        med = {name: statistics.median(t) * 1e3 for name, t in times.items()}
+        raw[label] = times
+        rows.append({"workload": f"{label} ({shape.name}, {str(shape.dtype).removeprefix('torch.')})",
+                     "torch (gather + SDPA)": f"{med['torch']:.2f} ms",
+                     "kernel, cascade off": f"{med['kernel']:.2f} ms ({med['torch'] / med['kernel']:.2f}x)",
+                     "kernel, cascade on": f"{med['cascade']:.2f} ms ({med['torch'] / med['cascade']:.2f}x)"})
+    return rows, raw
+
+
+def run_attention_bench(repeats: int, command: str) -> str:
+    rows, raw = bench_attention(repeats)
+    notes = [f"One attention call per backend in turn (torch, kernel, kernel with cascade), {repeats} rounds, "
+             "medians; the kernel's plan is rebuilt for every call (in an engine it is built once per forward "
+             "and shared by all layers).",
+             "Random K/V in a shuffled paged pool; the 4 forks of a prompt share its 93 full blocks."]
+    path = write_report("beam_attention", "Beam-shaped attention, one layer: torch backend vs the CPU kernel",
+                        command, {"raw_seconds": raw}, rows, notes)
     return str(path)

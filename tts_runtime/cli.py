@@ -480,7 +480,8 @@ def bench_engine_command(
     dtypes: Annotated[str, typer.Option(help="Generate and score workloads: both sides at each of these "
                                              "dtypes, e.g. float32,bfloat16.")] = "float32",
     workload: Annotated[str, typer.Option(help="all: generate, score and beam; beam: only the beam-shaped "
-                                               "decode.")] = "all",
+                                               "decode; attention: one layer's attention at beam "
+                                               "shapes (beam_attention.json/md).")] = "all",
     beam_new_tokens: Annotated[int, typer.Option(help="Beam workload: new tokens per fork.")] = 256,
     beam_hf: Annotated[bool, typer.Option(help="Beam workload: include HF generate.")] = True,
     backend: Annotated[str, typer.Option(help="vllm: also run the generate and score workloads on vLLM, "
@@ -488,13 +489,16 @@ def bench_engine_command(
 ) -> None:
     """Engine vs HF transformers: generate tokens/s and PRM scoring (writes engine.json/md); beam-shaped
     decode with the attention switches off and on (writes beam_decode.json/md)."""
-    from evals.bench_beam import BeamBenchConfig, run_beam_bench
+    from evals.bench_beam import BeamBenchConfig, run_attention_bench, run_beam_bench
     from evals.bench_engine import EngineBenchConfig, parse_dtypes, run_engine_bench
 
-    if workload not in ("all", "beam"):
-        raise ConfigError(f"unknown --workload '{workload}'; choose all or beam")
+    if workload not in ("all", "beam", "attention"):
+        raise ConfigError(f"unknown --workload '{workload}'; choose all, beam or attention")
     check_backend(backend, "static")
     command = shlex.join(["tts", *sys.argv[1:]])
+    if workload == "attention":
+        typer.echo(run_attention_bench(max(repeats, 9), command))
+        return
     if workload == "all":
         config = EngineBenchConfig(num_prompts=num_prompts, new_tokens=new_tokens, beams=beams, steps=steps,
                                    repeats=repeats, dtypes=parse_dtypes(dtypes), vllm=backend == "vllm")
