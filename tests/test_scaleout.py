@@ -23,7 +23,7 @@ from evals.ray_pool import ReplicaPool, ScaleOut
 from evals.report import METRICS_FILE, RESULTS_FILE, RunFolder
 from evals.run import RunOutcome
 from evals.scaleout import ReplicaSpec, run_scaled
-from memory.split import MemoryConfig
+from memory.split import MemoryConfig, parse_size
 from search import ProblemResult, SearchConfig
 from tests.conftest import GENERATOR, PRM
 from tts_runtime.cli import app
@@ -33,9 +33,9 @@ from tts_runtime.config import EngineConfig
 # a batch with; two problems in flight per replica exercise the replica's own batching.
 SEARCH = SearchConfig(method="beam", n=2, beam_width=2, num_iterations=2, max_step_tokens=16,
                       temperature=0.0, problem_batch=2)
-SPEC = ReplicaSpec(GENERATOR, PRM, MemoryConfig(device_memory=5 << 29), EngineConfig(device="cpu"))
+SPEC = ReplicaSpec(GENERATOR, PRM, MemoryConfig(device_memory=parse_size("2.1GiB")), EngineConfig(device="cpu"))
 CLI_TINY = ["--n", "2", "--beam-width", "2", "--num-iterations", "2", "--max-step-tokens", "16",
-            "--temperature", "0", "--problem-batch", "1", "--device", "cpu", "--device-memory", "2.5GiB"]
+            "--temperature", "0", "--problem-batch", "1", "--device", "cpu", "--device-memory", "2.1GiB"]
 
 
 @pytest.fixture(scope="module")
@@ -159,7 +159,7 @@ def test_sweep_memory_runs_its_settings_on_replicas(cluster, math500_path, tmp_p
     result = CliRunner().invoke(app, [
         "sweep-memory", "--splits", "0.3,0.5", "--policies", "static", "--dataset-path", str(math500_path),
         "--limit", "1", "--num-iterations", "1", "--max-step-tokens", "8", "--n", "2", "--beam-width", "2",
-        "--device", "cpu", "--device-memory", "2.5GiB", "--replicas", "2", "--out", str(tmp_path)])
+        "--device", "cpu", "--device-memory", "2.1GiB", "--replicas", "2", "--out", str(tmp_path)])
     assert result.exit_code == 0, result.output
     rows = json.loads((tmp_path / "sweep.json").read_text())["rows"]
     assert [row["setting"] for row in rows] == ["static 0.30", "static 0.50"]
