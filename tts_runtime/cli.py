@@ -338,7 +338,9 @@ class _SearchProgress:
         self.correct += bool(result.correct)
         self.bar.update(self.task, advance=1, accuracy=f"{self.correct / self.done:.1%}")
         if not console.is_terminal:
-            console.print(_result_line(result, self.done, self.total), highlight=False, soft_wrap=True)
+            # Answers hold brackets and backslashes: print them as text, not rich markup.
+            console.print(_result_line(result, self.done, self.total), markup=False, highlight=False,
+                          soft_wrap=True)
 
     def __enter__(self) -> _SearchProgress:
         self.bar.start()
