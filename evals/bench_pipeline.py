@@ -55,12 +55,12 @@ class Variant:
     token_safe: bool = True
     structure_aware: bool = True
 
-    def engine_config(self, cache: CacheConfig = CacheConfig()) -> EngineConfig:
+    def engine_config(self, cache: CacheConfig = CacheConfig(), attention_backend: str = "auto") -> EngineConfig:
         parallel = ParallelConfig(self.pp, threads_per_stage=self.threads if self.pp > 1 else None,
                                   sample_on_driver=self.sample_on_driver, token_safe=self.token_safe,
                                   structure_aware=self.structure_aware)
         return EngineConfig(cache=cache, scheduler=SchedulerConfig(policy=self.policy), parallel=parallel,
-                            device="cpu")
+                            device="cpu", attention_backend=attention_backend)
 
     @property
     def driver_threads(self) -> int:
@@ -97,6 +97,7 @@ class PipelineBenchConfig:
     # The SiPipe switch-off variants run on the generate workload only (memory: each is
     # one more pair of stage processes).
     switches: bool = True
+    attention_backend: str = "auto"  # every variant alike; "torch" skips building the C++ kernel
     out_dir: Path = Path("docs/benchmarks")
 
     def __post_init__(self) -> None:
@@ -194,12 +195,12 @@ class Built:
     close: Callable[[], None]
 
 
-def _build_engines(variants: list[Variant], loaded: LoadedModel, cache: CacheConfig,
+def _build_engines(variants: list[Variant], loaded: LoadedModel, cache: CacheConfig, attention_backend: str,
                    work: Callable[[Engine], Callable[[], dict]]) -> dict[str, Built]:
     built: dict[str, Built] = {}
     shared: dict[EngineConfig, Built] = {}
     for variant in variants:
-        config = variant.engine_config(cache)
+        config = variant.engine_config(cache, attention_backend)
         if config not in shared:
             engine = Engine(loaded.name, config, loaded=loaded)
             group = engine.executor.group if variant.pp > 1 else None
@@ -217,7 +218,7 @@ def _build_runtimes(variants: list[Variant], bench: PipelineBenchConfig, problem
     shared: dict[EngineConfig, Built] = {}
     profiles = None
     for variant in variants:
-        config = variant.engine_config()
+        config = variant.engine_config(attention_backend=bench.attention_backend)
         if config not in shared:
             runtime = Runtime(generator, prm, memory=memory, engine_config=config, profiles=profiles)
             profiles = runtime.profiles
@@ -326,17 +327,45 @@ class PipelineReport:
     trace_path: Path | None
 
 
+def _warm(built: dict[str, Built], prompts: list[list[int]]) -> None:
+    """First-call costs stay out of round 1."""
+    for b in {id(b): b for b in built.values()}.values():
+        _generate_work(b.engines[0], prompts[:2], 2)()
+
+
 def _generate(bench: PipelineBenchConfig, variants: list[Variant], log) -> dict[str, list[dict]]:
+    """The base variants side by side; then each SiPipe switch-off pipeline alone beside the
+    PP2 throttle one (memory: at most two pipelines alive), compared within its own rounds."""
     loaded = load_model(bench.generator, torch.float32, torch.device("cpu"))
     prompts = _generate_prompts(loaded, bench.num_prompts)
     cache = CacheConfig(num_blocks=_blocks_for([len(p) + bench.new_tokens for p in prompts]))
-    built = _build_engines(variants, loaded, cache, lambda e: _generate_work(e, prompts, bench.new_tokens))
+
+    def work(engine: Engine) -> Callable[[], dict]:
+        return _generate_work(engine, prompts, bench.new_tokens)
+
+    base = [v for v in variants if v.label not in SWITCH_VARIANTS]
+    built = _build_engines(base, loaded, cache, bench.attention_backend, work)
     try:
-        for b in built.values():  # warm-up: first-call costs stay out of round 1
-            _generate_work(b.engines[0], prompts[:2], 2)()
-        return _run_rounds(built, variants, bench.rounds, log)
+        _warm(built, prompts)
+        runs = _run_rounds(built, base, bench.rounds, log)
+        throttle = built[PP2_THROTTLE.label]
+        _close({label: b for label, b in built.items() if b is not throttle})
+        for switch in (v for v in variants if v.label in SWITCH_VARIANTS):
+            off = _build_engines([switch], loaded, cache, bench.attention_backend, work)
+            try:
+                _warm(off, prompts)
+                pair = _run_rounds({**off, PP2_THROTTLE.label: throttle}, [PP2_THROTTLE, switch], bench.rounds, log)
+            finally:
+                _close(off)
+            runs[reference_label(switch.label)] = pair[PP2_THROTTLE.label]
+            runs[switch.label] = pair[switch.label]
+        return runs
     finally:
-        _close(built)
+        _close(built)  # shutting down twice is a no-op
+
+
+def reference_label(switch_label: str) -> str:
+    return f"pp2 throttle (beside {switch_label.split(', ')[1]})"
 
 
 def _score(bench: PipelineBenchConfig, variants: list[Variant], log) -> dict[str, list[dict]]:
@@ -344,7 +373,7 @@ def _score(bench: PipelineBenchConfig, variants: list[Variant], log) -> dict[str
     loaded = load_model(bench.prm, torch.float32, torch.device("cpu"))
     queries = _score_queries(loaded, question, beams, bench.steps)
     cache = CacheConfig(num_blocks=_blocks_for([len(q.token_ids) for q in queries[-1]]))
-    built = _build_engines(variants, loaded, cache, lambda e: _score_work(e, queries))
+    built = _build_engines(variants, loaded, cache, bench.attention_backend, lambda e: _score_work(e, queries))
     try:
         return _run_rounds(built, variants, bench.rounds, log)
     finally:
@@ -373,7 +402,7 @@ def bench_pipeline(bench: PipelineBenchConfig, *, command: str, log: Callable[[s
         fn, labels, unit = plan[workload]
         log(f"{workload}: {', '.join(labels)}")
         runs = fn(bench, _variants(tuple(labels)), log)
-        rows = {label: _summarise(runs[label], unit) for label in labels}
+        rows = {label: _summarise(label_runs, unit) for label, label_runs in runs.items()}
         summary["workloads"][workload] = rows
         table += [_table_row(workload, label, row, unit) for label, row in rows.items()]
         if workload == "generate" and "pp2 throttle" in runs:
@@ -413,6 +442,15 @@ def _markdown_table(rows: list[dict[str, str]]) -> list[str]:
             *["| " + " | ".join(str(row[k]) for k in keys) + " |" for row in rows]]
 
 
+def _switch_notes(rows: dict[str, dict]) -> list[str]:
+    notes = []
+    for label in SWITCH_VARIANTS:
+        if label in rows:
+            ratio = rows[label]["tokens_per_s"] / rows[reference_label(label)]["tokens_per_s"]
+            notes.append(f"{label}: {ratio:.2f}x the tokens/s of PP2 throttle in the same rounds.")
+    return notes
+
+
 def _notes(bench: PipelineBenchConfig, summary: dict) -> list[str]:
     s = bench.search
     return [
@@ -420,14 +458,16 @@ def _notes(bench: PipelineBenchConfig, summary: dict) -> list[str]:
         "order); each workload's engines are built once, kept across rounds, and every run starts with a cold "
         "prefix cache.",
         f"generate: {bench.num_prompts} MATH-500 prompts x {bench.new_tokens} new tokens ({bench.generator}, "
-        "float32), T=0.8, ignore_eos; tokens/s = generated tokens / wall time. score: bench_engine's PRM "
+        f"float32, attention backend {bench.attention_backend}), T=0.8, ignore_eos; tokens/s = generated tokens / wall time. score: bench_engine's PRM "
         f"workload ({bench.beams} beams x {bench.steps} steps, {bench.prm}), tokens/s = tokens through the model "
         f"/ wall time. search: beam search n={s.n} M={s.beam_width}, {s.num_iterations} iterations, step cap "
         f"{s.max_step_tokens}, on {bench.search_problems} MATH-500 problems through Runtime (generator and PRM "
         "in one pipeline group at PP2).",
         "PP1 runs in the driver with torch.set_num_threads(1 or 2); PP2 runs two stage processes of one torch "
         "thread each (threads_per_stage=1) and the driver with one thread. The SiPipe switch-off variants run "
-        "on the generate workload only.",
+        "on the generate workload only, after the base variants, each in its own rounds beside the PP2 throttle "
+        "pipeline (its reference row): at most two pipelines are alive at once on this 24 GiB shared box.",
+        *_switch_notes(summary["workloads"].get("generate", {})),
         "busy = a stage's compute time / its span from first to last event in the run; idle = the rest "
         "(bubbles). wait = the time a stage spends getting its input: for stage 0 that is the embedding lookup, "
         "for later stages the activation handoff (waiting for the previous stage included).",

@@ -530,6 +530,8 @@ def bench_pipeline_command(
     rounds: Annotated[int, typer.Option(help="Alternating rounds of every variant; medians.")] = 3,
     workloads: Annotated[str, typer.Option(help="Comma-separated: generate, score, search.")] = "generate,score,search",
     switches: Annotated[bool, typer.Option(help="Also PP2 throttle with each SiPipe switch off (generate).")] = True,
+    attention_backend: Annotated[str, typer.Option(help="Every variant's attention backend: auto, cpu, torch.")]
+    = "auto",
     out_dir: Annotated[Path, typer.Option(help="Where pipeline.json/md and pipeline_trace.json go.")]
     = Path("docs/benchmarks"),
 ) -> None:
@@ -540,7 +542,7 @@ def bench_pipeline_command(
     config = PipelineBenchConfig(num_prompts=num_prompts, new_tokens=new_tokens, beams=beams, steps=steps,
                                  search_problems=search_problems, rounds=rounds,
                                  workloads=tuple(_csv(workloads, "workloads", str)), switches=switches,
-                                 out_dir=out_dir)
+                                 attention_backend=attention_backend, out_dir=out_dir)
     report = bench_pipeline(config, command=shlex.join(["tts", *sys.argv[1:]]), log=console.print)
     typer.echo(report.markdown_path.read_text())
 
