@@ -9,7 +9,7 @@ from evals.bench_pipeline import PipelineBenchConfig, bench_pipeline
 
 def test_bench_pipeline_tiny_generate_writes_report_and_two_stage_trace(tmp_path):
     bench = PipelineBenchConfig(num_prompts=2, new_tokens=4, rounds=1, workloads=("generate",), switches=False,
-                                out_dir=tmp_path)
+                                attention_backend="torch", out_dir=tmp_path)
     report = bench_pipeline(bench, command="tts bench pipeline (test)", log=lambda line: None)
 
     rows = report.summary["workloads"]["generate"]
