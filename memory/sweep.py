@@ -460,7 +460,9 @@ def sweep_memory(
     settings = settings_for(parse_splits(splits), [p.strip() for p in policies.split(",") if p.strip()])
     search = SearchConfig(method=method, n=n, beam_width=beam_width, num_iterations=num_iterations,
                           max_step_tokens=max_step_tokens, temperature=temperature, problem_batch=problem_batch,
-                          prm_format=prm_format, seed=seed)
+                          prm_format=prm_format, seed=seed,
+                          # Every iteration a step, the last one too: the workload the memory benchmark measures.
+                          eos_sampling=False)
     memory = MemoryConfig(device_memory=parse_size(device_memory) if device_memory else None,
                           utilization=utilization)
     engine_config = EngineConfig(device=device, scheduler=SchedulerConfig(max_num_batched_tokens=max_num_batched_tokens))

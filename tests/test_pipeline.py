@@ -240,7 +240,7 @@ def test_stages_exit_when_the_driver_dies(tmp_path):
 
 # -- the CLI ---------------------------------------------------------------------------------
 
-TINY = ["--n", "2", "--beam-width", "2", "--num-iterations", "2", "--max-step-tokens", "24",
+TINY = ["--n", "2", "--beam-width", "2", "--num-iterations", "2", "--max-step-tokens", "24", "--max-tokens", "48",
         "--temperature", "0", "--device-memory", "3GiB", "--problem-batch", "1"]
 
 
