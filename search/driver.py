@@ -63,11 +63,22 @@ async def arun_search(runtime: Runtime, problems: Sequence[Problem], config: Sea
     everything = asyncio.gather(*tasks)
     try:
         await runtime.drive(everything)
+    except Exception:
+        # Collect the stopped searches, so the error that ended the run is the only one reported.
+        _cancel(tasks)
+        await asyncio.gather(*tasks, return_exceptions=True)
+        if everything.done() and not everything.cancelled():
+            everything.exception()
+        raise
     finally:
         # On an error, stop the other searches instead of leaving them waiting forever.
-        for task in tasks:
-            task.cancel()
+        _cancel(tasks)
     return await everything
+
+
+def _cancel(tasks: list[asyncio.Future]) -> None:
+    for task in tasks:
+        task.cancel()
 
 
 def run_search(runtime: Runtime, problems: Sequence[Problem], config: SearchConfig, *,
