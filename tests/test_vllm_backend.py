@@ -125,7 +125,8 @@ def test_cli_beam_on_vllm_writes_a_run_folder(tmp_path, math500_path):
     out = tmp_path / "run"
     command = [sys.executable, "-m", "tts_runtime.cli", "beam", "--backend", "vllm", "--dataset-path",
                str(math500_path), "--device-memory", "3GiB", "--limit", "2", "--problem-batch", "2", "--n", "4",
-               "--beam-width", "2", "--num-iterations", "2", "--max-step-tokens", "32", "--out", str(out)]
+               "--beam-width", "2", "--num-iterations", "2", "--max-step-tokens", "32", "--max-tokens", "48",
+               "--out", str(out)]
     done = subprocess.run(command, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]
     config = json.loads((out / "config.json").read_text())
