@@ -28,7 +28,6 @@ ConfigError. Two engines share one process only with vLLM's multiprocessing off
 
 from __future__ import annotations
 
-import itertools
 import json
 import math
 import os
@@ -39,6 +38,7 @@ from typing import Any
 import torch
 
 from tts_runtime.config import ConfigError, EngineConfig, ModelSpec, resolve_device, resolve_dtype
+from tts_runtime.engine.blocking import BlockingCalls
 from tts_runtime.engine.engine import RequestError
 from tts_runtime.engine.request import CompletionOutput, FinishReason, RequestOutput, SamplingParams, ScoreParams
 from tts_runtime.executor.kv_cache import bytes_per_block
@@ -183,7 +183,7 @@ def _candidate_softmax(logprobs: dict[int, Any], candidates: tuple[int, ...]) ->
     return [w / total for w in weights]
 
 
-class VllmEngine:
+class VllmEngine(BlockingCalls):
     def __init__(self, spec: ModelSpec | str, config: EngineConfig | None = None, *,
                  kv_cache_bytes: int | None = None, loaded: LoadedModel | None = None,
                  settings: VllmSettings | None = None) -> None:
@@ -225,7 +225,6 @@ class VllmEngine:
         self._engine = self._start(vllm, str(folder), name, self.kv_cache_bytes)
         self._scores: dict[str, _ScoreGroup] = {}
         self._generates: set[str] = set()
-        self._batches = itertools.count()
         self.eos_token_ids = set(self.arch.eos_token_ids)
         if self.tokenizer.eos_token_id is not None:
             self.eos_token_ids.add(self.tokenizer.eos_token_id)
@@ -392,29 +391,6 @@ class VllmEngine:
     def reset_prefix_cache(self) -> None:
         """Forget every cached prefix (benchmarks start each repetition cold)."""
         self._engine.reset_prefix_cache()
-
-    # -- convenience -------------------------------------------------------------------
-    def run_until_done(self) -> list[RequestOutput]:
-        outputs = []
-        while self.has_unfinished_requests():
-            outputs.extend(self.step())
-        return outputs
-
-    def generate(self, prompts: list[str | list[int]],
-                 params: SamplingParams | list[SamplingParams]) -> list[RequestOutput]:
-        per_prompt = params if isinstance(params, list) else [params] * len(prompts)
-        return self._run_batch(prompts, per_prompt)
-
-    def score(self, prompts: list[str | list[int]], params: ScoreParams | list[ScoreParams]) -> list[RequestOutput]:
-        per_prompt = params if isinstance(params, list) else [params] * len(prompts)
-        return self._run_batch(prompts, per_prompt)
-
-    def _run_batch(self, prompts: list, params: list) -> list[RequestOutput]:
-        base = f"batch{next(self._batches)}-"
-        for i, (prompt, p) in enumerate(zip(prompts, params)):
-            self.add_request(f"{base}{i}", prompt, p)
-        results = {o.request_id: o for o in self.run_until_done()}
-        return [results[f"{base}{i}"] for i in range(len(prompts))]
 
     def shutdown(self) -> None:
         self._engine.engine_core.shutdown()

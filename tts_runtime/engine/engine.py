@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 import torch
 
 from tts_runtime.config import ConfigError, EngineConfig, ModelSpec, resolve_device, resolve_dtype
+from tts_runtime.engine.blocking import BlockingCalls
 from tts_runtime.engine.batch_builder import BatchLayout, build_model_input
 from tts_runtime.engine.block_manager import ROOT_HASH, BlockManager
 from tts_runtime.engine.detokenizer import IncrementalDetokenizer
@@ -81,7 +82,7 @@ class EnginePressure:
     admission_stalls: int
 
 
-class Engine:
+class Engine(BlockingCalls):
     def __init__(self, spec: ModelSpec | str, config: EngineConfig | None = None, *,
                  loaded: LoadedModel | None = None, num_blocks: int | None = None,
                  kv: KVAllocation | None = None, executor: Executor | None = None) -> None:
@@ -392,29 +393,6 @@ class Engine:
         if self.tokenizer is None:
             return ""
         return self.tokenizer.decode(ids, skip_special_tokens=True)
-
-    # -- convenience -----------------------------------------------------------------
-    def run_until_done(self) -> list[RequestOutput]:
-        outputs = []
-        while self.has_unfinished_requests():
-            outputs.extend(self.step())
-        return outputs
-
-    def generate(self, prompts: list[str | list[int]],
-                 params: SamplingParams | list[SamplingParams]) -> list[RequestOutput]:
-        per_prompt = params if isinstance(params, list) else [params] * len(prompts)
-        return self._run_batch(prompts, per_prompt)
-
-    def score(self, prompts: list[str | list[int]], params: ScoreParams | list[ScoreParams]) -> list[RequestOutput]:
-        per_prompt = params if isinstance(params, list) else [params] * len(prompts)
-        return self._run_batch(prompts, per_prompt)
-
-    def _run_batch(self, prompts, params) -> list[RequestOutput]:
-        base = f"batch{next(self._arrivals)}-"
-        for i, (prompt, p) in enumerate(zip(prompts, params)):
-            self.add_request(f"{base}{i}", prompt, p)
-        results = {o.request_id: o for o in self.run_until_done()}
-        return [results[f"{base}{i}"] for i in range(len(prompts))]
 
     def shutdown(self) -> None:
         self.executor.shutdown()
