@@ -86,18 +86,20 @@ def _hf(hf, tokenizer, prompts: list[list[int]], config: BeamBenchConfig) -> dic
 
 
 def _vllm_runner(loaded: LoadedModel, config: BeamBenchConfig):
-    """vLLM's offline engine on the same weights, or None when vLLM is not installed here."""
+    """vLLM on the same weights, configured as the vLLM backend (evals/bench_vllm.py), or
+    None when vLLM is not installed here."""
     if importlib.util.find_spec("vllm") is None:
         return None
-    from vllm import LLM, SamplingParams as VllmParams
-    from vllm.inputs import TokensPrompt
+    from evals.bench_vllm import vllm_engine
 
-    llm = LLM(model=str(loaded.folder), dtype=str(config.dtype).removeprefix("torch."), enable_prefix_caching=True)
-    params = VllmParams(n=config.n, temperature=0.8, max_tokens=config.new_tokens, ignore_eos=True)
+    engine = vllm_engine(loaded, config.dtype, config.prompts * (config.prompt_tokens + config.n * config.new_tokens))
+    engine.generate([p[:64] for p in beam_prompts(loaded, 1, 64)], SamplingParams(max_tokens=2))  # warm-up
+    params = SamplingParams(temperature=0.8, n=config.n, max_tokens=config.new_tokens, ignore_eos=True)
 
     def run(prompts: list[list[int]]) -> dict:
-        outs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False)
-        return {"tokens": sum(len(c.token_ids) for o in outs for c in o.outputs)}
+        engine.reset_prefix_cache()  # as tts: every repetition prefills its prompts
+        outputs = engine.generate(prompts, params)
+        return {"tokens": sum(len(c.token_ids) for o in outputs for c in o.completions)}
 
     return run
 

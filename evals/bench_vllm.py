@@ -32,8 +32,7 @@ from tts_runtime.models.loader import LoadedModel
 from tts_runtime.vllm_engine import VllmEngine
 
 
-
-def _engine(loaded: LoadedModel, dtype: torch.dtype, tokens: int) -> VllmEngine:
+def vllm_engine(loaded: LoadedModel, dtype: torch.dtype, tokens: int) -> VllmEngine:
     """A vLLM engine whose KV cache holds `tokens` tokens and a quarter more (no
     preemption, and no more memory than the workload needs on a shared machine)."""
     per_token = loaded.arch.kv_bytes_per_token(torch.tensor([], dtype=dtype).element_size())
@@ -44,7 +43,7 @@ def _engine(loaded: LoadedModel, dtype: torch.dtype, tokens: int) -> VllmEngine:
 def generate_variant(loaded: LoadedModel, dtype: torch.dtype, prompts: list[list[int]],
                      new_tokens: int) -> Callable[[], dict]:
     """The engine benchmark's generate workload on vLLM (T=0.8, ignore EOS)."""
-    engine = _engine(loaded, dtype, sum(len(p) + new_tokens for p in prompts))
+    engine = vllm_engine(loaded, dtype, sum(len(p) + new_tokens for p in prompts))
     params = SamplingParams(temperature=0.8, max_tokens=new_tokens, ignore_eos=True)
     engine.generate(prompts[:4], SamplingParams(temperature=0.8, max_tokens=4))  # warm-up, as for tts
 
@@ -57,7 +56,7 @@ def generate_variant(loaded: LoadedModel, dtype: torch.dtype, prompts: list[list
 def score_variant(loaded: LoadedModel, dtype: torch.dtype, queries: list[list[Any]]) -> Callable[[], dict]:
     """The engine benchmark's score workload on vLLM, iteration by iteration; each run
     starts from an empty prefix cache, as tts's runs start from a new engine."""
-    engine = _engine(loaded, dtype, sum(len(q.token_ids) for q in queries[-1]))
+    engine = vllm_engine(loaded, dtype, sum(len(q.token_ids) for q in queries[-1]))
 
     def run() -> dict:
         engine.reset_prefix_cache()
