@@ -9,6 +9,11 @@ from tts_runtime.config import ConfigError
 
 _LLAMA_FAMILY = {"llama", "qwen2", "mistral"}
 _GEMMA3 = {"gemma3_text", "gemma3"}
+# HF architecture names with a reward head instead of the LM head, and the head's classes.
+# Qwen2.5-Math-PRM's remote code fixes num_labels = 2 (its config carries no count).
+REWARD_HEAD_LABELS = {"Qwen2ForProcessRewardModel": 2}
+# Gemma 3's multimodal wrapper loads as its text model (arch_from_hf reads text_config).
+_LM_WRAPPERS = {"Gemma3ForConditionalGeneration"}
 
 
 @dataclass(frozen=True)
@@ -40,10 +45,16 @@ class ArchConfig:
     attn_logit_softcapping: float | None
     eos_token_ids: tuple[int, ...]
     bos_token_id: int | None
+    # Classes of a reward head (Qwen2ForProcessRewardModel) that replaces the LM head; None: LM head.
+    reward_labels: int | None = None
 
     @property
     def is_gemma(self) -> bool:
         return self.model_type in _GEMMA3
+
+    @property
+    def has_reward_head(self) -> bool:
+        return self.reward_labels is not None
 
     def kv_bytes_per_token(self, bytes_per_element: int) -> int:
         return 2 * self.num_layers * self.num_kv_heads * self.head_dim * bytes_per_element
@@ -51,8 +62,11 @@ class ArchConfig:
     def num_parameters(self) -> int:
         attn = self.hidden_size * self.head_dim * (2 * self.num_heads + 2 * self.num_kv_heads)
         mlp = 3 * self.hidden_size * self.intermediate_size
-        embed = self.vocab_size * self.hidden_size * (1 if self.tie_word_embeddings else 2)
-        return self.num_layers * (attn + mlp) + embed
+        # A reward head replaces the LM head: one vocabulary table, plus the head's two layers.
+        tables = 1 if self.tie_word_embeddings or self.has_reward_head else 2
+        embed = self.vocab_size * self.hidden_size * tables
+        head = self.hidden_size * (self.hidden_size + self.reward_labels) if self.has_reward_head else 0
+        return self.num_layers * (attn + mlp) + embed + head
 
 
 def _rope_for(hf: dict, layer_type: str) -> RopeConfig:
@@ -77,11 +91,25 @@ def _eos_ids(hf: dict) -> tuple[int, ...]:
     return tuple(eos) if isinstance(eos, list) else (int(eos),)
 
 
+def _reward_labels(hf: dict) -> int | None:
+    """The reward head's class count, None for a causal LM; a one-line error for any other
+    head (sequence classifiers, outcome reward models), whose weights we would not load.
+    A GGUF-converted config names no architecture: those are causal LMs."""
+    reward = [REWARD_HEAD_LABELS[n] for n in hf.get("architectures") or () if n in REWARD_HEAD_LABELS]
+    unknown = [n for n in hf.get("architectures") or ()
+               if n not in REWARD_HEAD_LABELS and n not in _LM_WRAPPERS and not n.endswith("ForCausalLM")]
+    if unknown:
+        raise ConfigError(f"unsupported architecture '{unknown[0]}': tts runs causal LMs (*ForCausalLM) and "
+                          f"the reward head of {', '.join(REWARD_HEAD_LABELS)}")
+    return reward[0] if reward else None
+
+
 def arch_from_hf(hf: dict) -> ArchConfig:
     model_type = hf.get("model_type", "")
     if model_type not in _LLAMA_FAMILY | _GEMMA3:
         raise ConfigError(f"unsupported architecture '{model_type}': tts runs the Llama family "
                           "(llama, qwen2, mistral) and Gemma 3")
+    reward_labels = _reward_labels(hf)
     if model_type == "gemma3":  # multimodal wrapper: the text config is nested
         hf = {**hf.get("text_config", {}), "model_type": "gemma3_text"}
         model_type = "gemma3_text"
@@ -119,4 +147,5 @@ def arch_from_hf(hf: dict) -> ArchConfig:
         attn_logit_softcapping=hf.get("attn_logit_softcapping"),
         eos_token_ids=_eos_ids(hf),
         bos_token_id=hf.get("bos_token_id"),
+        reward_labels=reward_labels,
     )
