@@ -208,6 +208,16 @@ class Runtime:
         self._pending[(kind, request_id)] = future
         return future
 
+    def abort(self, future: asyncio.Future) -> int:
+        """Drop a submitted request (its future is cancelled, its blocks freed); returns the
+        tokens it had generated."""
+        for (kind, request_id), pending in self._pending.items():
+            if pending is future:
+                del self._pending[(kind, request_id)]
+                future.cancel()
+                return (self.generator if kind == "g" else self.prm).abort_request(request_id)
+        return 0
+
     async def generate(self, prompt: list[int], params: SamplingParams) -> RequestOutput:
         return await self.submit_generate(prompt, params)
 

@@ -114,6 +114,7 @@ class Engine(BlockingCalls):
         self._microbatches = 0
         self.stats = EngineStats()
         self._groups: dict[str, RequestGroup] = {}
+        self._aborted: list[RequestGroup] = []  # aborted, some sequence still in a microbatch
         self._seq_ids = itertools.count()
         self._arrivals = itertools.count()
         self._generator = torch.Generator(device=self.device).manual_seed(self.config.seed)
@@ -213,11 +214,32 @@ class Engine(BlockingCalls):
         params = group.params
         seq = Sequence(next(self._seq_ids), group, token_ids, index=index)
         if isinstance(params, SamplingParams):
-            seq.seed = child_seed(params.seed, index)
+            seq.seed = child_seed(params.seed, params.first_child + index)
             if params.stop and self.tokenizer is not None:
                 seq.detokenizer = IncrementalDetokenizer(self.tokenizer)
         group.sequences.append(seq)
         return seq
+
+    def abort_request(self, request_id: str) -> int:
+        """Drop a request its caller no longer wants (discarded speculation): it returns no
+        output and its blocks are freed (full ones stay in the prefix cache). A sequence that
+        a pipeline microbatch still holds is stopped when that microbatch returns. Returns
+        the tokens it had generated."""
+        group = self._groups.pop(request_id, None)
+        if group is None:
+            return 0
+        self._aborted.append(group)
+        self._stop_aborted()
+        return sum(len(seq.output_token_ids) for seq in group.sequences)
+
+    def _stop_aborted(self) -> None:
+        for group in [g for g in self._aborted if not any(seq.in_flight for seq in g.sequences)]:
+            for seq in group.sequences:
+                if seq.status is not SequenceStatus.FINISHED:
+                    if seq in self.scheduler.waiting:
+                        self.scheduler.waiting.remove(seq)
+                    self.scheduler.finish(seq)
+            self._aborted.remove(group)
 
     def has_unfinished_requests(self) -> bool:
         return bool(self._groups)
@@ -241,7 +263,9 @@ class Engine(BlockingCalls):
         output = microbatch.future.result()
         for seq, _ in microbatch.layout.chunks:
             seq.in_flight = False
-        return self._process(microbatch.layout, output, microbatch.plan)
+        finished = self._process(microbatch.layout, output, microbatch.plan)
+        self._stop_aborted()
+        return finished
 
     def _launch(self) -> None:
         while len(self._in_flight) < self.executor.depth and self.executor.can_launch():
@@ -275,7 +299,7 @@ class Engine(BlockingCalls):
                 for index in range(1, params.n):
                     plan.logit_rows.append(row)
                     plan.rows.append(SamplingRow(params, seq.token_ids, seq.num_prompt_tokens,
-                                                 child_seed(params.seed, index)))
+                                                 child_seed(params.seed, params.first_child + index)))
         return plan
 
     @staticmethod

@@ -23,6 +23,9 @@ class SamplingParams:
     presence_penalty: float = 0.0
     seed: int | None = None
     n: int = 1
+    # Children are numbered from here for their seeds (child_seed(seed, first_child + i)):
+    # a request can sample exactly the children i.. of another request with the same seed.
+    first_child: int = 0
     max_tokens: int = 16
     stop: tuple[str, ...] = ()
     stop_token_ids: tuple[int, ...] = ()
@@ -43,6 +46,7 @@ class SamplingParams:
             (-2 <= self.frequency_penalty <= 2, f"frequency_penalty must be in [-2, 2], got {self.frequency_penalty}"),
             (-2 <= self.presence_penalty <= 2, f"presence_penalty must be in [-2, 2], got {self.presence_penalty}"),
             (self.n >= 1, f"n must be >= 1, got {self.n}"),
+            (self.first_child >= 0, f"first_child must be >= 0, got {self.first_child}"),
             (self.max_tokens >= 1, f"max_tokens must be >= 1, got {self.max_tokens}"),
             (all(s for s in self.stop), "stop strings must be non-empty"),
         ]
