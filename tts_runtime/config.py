@@ -71,7 +71,9 @@ class ParallelConfig:
 
     pp_size: int = 1
     pp_layers: tuple[int, ...] | None = None  # layers per stage (generator); None: balanced by cost
-    transport: str = "auto"  # activations between stages: "shm" (the only one built so far)
+    # Activations between stages: "shm" (shared-memory slots) or "gloo" (torch.distributed
+    # point-to-point); auto: shm. NCCL needs stages on GPUs, which the pipeline does not place yet.
+    transport: str = "auto"
     threads_per_stage: int | None = None  # torch threads in each stage (None: cores // pp_size)
     # SiPipe: the last stage returns logits rows and the driver samples them while the
     # stages run the next microbatch (off: the last stage samples and returns tokens).
@@ -89,11 +91,42 @@ class ParallelConfig:
         if self.pp_layers is not None and (len(self.pp_layers) != self.pp_size or min(self.pp_layers) < 1):
             raise ConfigError(f"--pp-layers needs {self.pp_size} positive layer counts (one per stage), "
                               f"got {','.join(map(str, self.pp_layers))}")
-        if self.transport not in ("auto", "shm"):
-            raise ConfigError(f"pipeline transport '{self.transport}' is not available; choose auto or shm "
-                              "(shared memory; a torch.distributed transport is not built yet)")
+        if self.transport not in ("auto", "shm", "gloo"):
+            raise ConfigError(f"pipeline transport '{self.transport}' is not available; choose auto, shm "
+                              "(shared memory) or gloo (torch.distributed)")
         if self.threads_per_stage is not None and self.threads_per_stage < 1:
             raise ConfigError(f"--threads-per-stage must be >= 1, got {self.threads_per_stage}")
+
+
+PHASE_POLICIES = ("alternate", "batched")
+
+
+@dataclass(frozen=True)
+class CohostConfig:
+    """How the runtime drives its co-hosted generator and PRM (tts_runtime/phases.py,
+    tts_runtime/overlap.py); measured by `tts bench cohost`.
+
+    `alternate` steps each engine that has work once per runtime step. `batched` (Seesaw's
+    transition-minimising rule) keeps stepping one engine across all in-flight problems:
+    the generator until its unfinished sequences fall to `generator_low_water` or the PRM's
+    uncached pending tokens reach `prm_buffer_tokens`; then the PRM until it is drained or
+    the generator's unfinished sequences reach `generator_buffer_seqs`. `overlap` runs the
+    two engines' forwards at the same time (CPU: a worker process each; CUDA: a stream each)."""
+
+    phase_policy: str = "alternate"
+    prm_buffer_tokens: int = 2048
+    generator_low_water: int = 0
+    generator_buffer_seqs: int = 256
+    overlap: bool = False
+
+    def __post_init__(self) -> None:
+        if self.phase_policy not in PHASE_POLICIES:
+            raise ConfigError(f"unknown phase policy '{self.phase_policy}'; choose {' or '.join(PHASE_POLICIES)}")
+        for name in ("prm_buffer_tokens", "generator_buffer_seqs"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
+        if self.generator_low_water < 0:
+            raise ConfigError(f"--generator-low-water must be >= 0, got {self.generator_low_water}")
 
 
 @dataclass(frozen=True)
@@ -101,6 +134,8 @@ class EngineConfig:
     cache: CacheConfig = field(default_factory=CacheConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    # Runtime level: how the co-hosted pair is stepped (an engine alone ignores it).
+    cohost: CohostConfig = field(default_factory=CohostConfig)
     device: str = "auto"  # "auto", "cpu", "cuda", "cuda:1", ...
     attention_backend: str = "auto"  # "auto" (triton on CUDA, else cpu), "cpu", "torch", "triton"
     seed: int = 0

@@ -11,6 +11,7 @@ import torch
 
 from tts_runtime.config import ConfigError, EngineConfig, ModelSpec, resolve_device, resolve_dtype
 from tts_runtime.engine.blocking import BlockingCalls
+from tts_runtime.engine.busy import BusyClock
 from tts_runtime.engine.batch_builder import BatchLayout, build_model_input
 from tts_runtime.engine.block_manager import ROOT_HASH, BlockManager
 from tts_runtime.engine.detokenizer import IncrementalDetokenizer
@@ -47,6 +48,7 @@ class EngineStats:
     generated_tokens: int = 0
     scored_positions: int = 0
     decode_batch_sizes: list[int] = field(default_factory=list)
+    batch_seqs: list[int] = field(default_factory=list)  # sequences in each launched microbatch
     microbatch_tokens: list[int] = field(default_factory=list)  # tokens of each launched microbatch
     in_flight_at_launch: list[int] = field(default_factory=list)  # microbatches in flight, this one included
 
@@ -57,6 +59,7 @@ class EngineStats:
             "computed_tokens": self.computed_tokens, "cached_prompt_tokens": self.cached_prompt_tokens,
             "generated_tokens": self.generated_tokens, "scored_positions": self.scored_positions,
             "mean_decode_batch": sum(sizes) / len(sizes) if sizes else 0.0,
+            "mean_batch_seqs": sum(self.batch_seqs) / len(self.batch_seqs) if self.batch_seqs else 0.0,
             "mean_in_flight": sum(depth) / len(depth) if depth else 0.0,
         }
 
@@ -113,6 +116,8 @@ class Engine(BlockingCalls):
         self._in_flight: deque[_Microbatch] = deque()
         self._microbatches = 0
         self.stats = EngineStats()
+        # Time with a forward of this engine in flight (launch to result), for busy fractions.
+        self.busy = BusyClock()
         self._groups: dict[str, RequestGroup] = {}
         self._aborted: list[RequestGroup] = []  # aborted, some sequence still in a microbatch
         self._seq_ids = itertools.count()
@@ -248,17 +253,65 @@ class Engine(BlockingCalls):
     def num_unfinished_requests(self) -> int:
         return len(self._groups)
 
+    @property
+    def num_unfinished_sequences(self) -> int:
+        """Sequences still to finish, counting the children a request has yet to fork."""
+        return sum(1 if group.is_score else
+                   group.params.n - sum(s.status is SequenceStatus.FINISHED for s in group.sequences)
+                   for group in self._groups.values())
+
+    def pending_prefill_tokens(self) -> int:
+        """Prompt tokens still to compute that the prefix cache will not serve."""
+        return self.scheduler.num_uncached_prefill_tokens()
+
+    @property
+    def num_in_flight(self) -> int:
+        return len(self._in_flight)
+
     # -- one iteration ---------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
         """Launch microbatches while the executor has room (a pipeline keeps up to pp in
         flight, each on sequences no other in-flight microbatch holds), then complete the
         oldest one."""
-        self.blocks.step = self.stats.steps
-        self._launch()
+        self.launch()
         if not self._in_flight:
             if self.scheduler.has_work:
                 raise RuntimeError("scheduler made no progress with requests pending")
             return []
+        return self.collect()
+
+    def launch(self, limit: int | None = None) -> int:
+        """Launch up to `limit` microbatches (None: while the executor has room) and return
+        how many, waiting on none: a runtime overlapping two engines launches both, then
+        collects."""
+        self.blocks.step = self.stats.steps
+        launched = 0
+        while (limit is None or launched < limit) and len(self._in_flight) < self.executor.depth \
+                and self.executor.can_launch():
+            batch = self.scheduler.schedule(self._microbatches)
+            if batch.empty:
+                break
+            self._microbatches += 1
+            model_input, layout = build_model_input(batch, self.block_size, self.device)
+            plan = self._sample_plan(layout.sample_seqs)
+            for seq, _ in layout.chunks:
+                seq.in_flight = True
+            self.busy.start()
+            future = self.executor.submit(model_input, plan if self.executor.samples else None)
+            future.add_done_callback(self.busy.stop)
+            self._in_flight.append(_Microbatch(layout, plan, future))
+            launched += 1
+            self.stats.steps += 1
+            self.stats.computed_tokens += batch.num_tokens
+            self.stats.microbatch_tokens.append(batch.num_tokens)
+            self.stats.in_flight_at_launch.append(len(self._in_flight))
+            self.stats.batch_seqs.append(len(batch.decodes) + len(batch.prefills))
+            if batch.decodes:
+                self.stats.decode_batch_sizes.append(len(batch.decodes))
+        return launched
+
+    def collect(self) -> list[RequestOutput]:
+        """Wait for the oldest microbatch in flight and process its results."""
         microbatch = self._in_flight.popleft()
         output = microbatch.future.result()
         for seq, _ in microbatch.layout.chunks:
@@ -266,25 +319,6 @@ class Engine(BlockingCalls):
         finished = self._process(microbatch.layout, output, microbatch.plan)
         self._stop_aborted()
         return finished
-
-    def _launch(self) -> None:
-        while len(self._in_flight) < self.executor.depth and self.executor.can_launch():
-            batch = self.scheduler.schedule(self._microbatches)
-            if batch.empty:
-                return
-            self._microbatches += 1
-            model_input, layout = build_model_input(batch, self.block_size, self.device)
-            plan = self._sample_plan(layout.sample_seqs)
-            for seq, _ in layout.chunks:
-                seq.in_flight = True
-            future = self.executor.submit(model_input, plan if self.executor.samples else None)
-            self._in_flight.append(_Microbatch(layout, plan, future))
-            self.stats.steps += 1
-            self.stats.computed_tokens += batch.num_tokens
-            self.stats.microbatch_tokens.append(batch.num_tokens)
-            self.stats.in_flight_at_launch.append(len(self._in_flight))
-            if batch.decodes:
-                self.stats.decode_batch_sizes.append(len(batch.decodes))
 
     def _sample_plan(self, seqs: list[Sequence]) -> SamplePlan:
         """A row per sampled sequence, then, for each prompt that forks (n > 1), a row per
