@@ -27,6 +27,16 @@ class CacheConfig:
     num_blocks: int | None = None
     kv_cache_bytes: int | None = None
     enable_prefix_caching: bool = True
+    # Host KV tier (Seesaw): bytes of host memory per engine that keep the prefix blocks
+    # its device pool evicts, swapped back in on a later hit instead of recomputed (0: off).
+    host_kv_bytes: int = 0
+    # Swap in the tier's blocks of the waiting requests the next step will admit, one step
+    # ahead (behind the forward on CUDA; synchronously between steps on CPU).
+    host_kv_prefetch: bool = True
+
+    def __post_init__(self) -> None:
+        if self.host_kv_bytes < 0:
+            raise ConfigError(f"--host-kv-memory must be >= 0 (0 turns the host KV tier off), got {self.host_kv_bytes}")
 
 
 @dataclass(frozen=True)
@@ -62,6 +72,9 @@ class SchedulerConfig:
     # Largest prefill chunk for one sequence in one step (None: the token budget).
     max_prefill_chunk: int | None = None
     throttle: ThrottleConfig = field(default_factory=ThrottleConfig)
+    # FastTTS prefix-aware ordering: admit waiting requests that share leading prefix blocks
+    # one after another (first-come order between groups), so their prefix stays hot.
+    prefix_aware_order: bool = False
 
 
 @dataclass(frozen=True)

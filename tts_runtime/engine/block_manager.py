@@ -9,6 +9,14 @@ least recently freed cached block.
 Never-cached free blocks are handed out lowest id first, so a pool's blocks in use pack
 into its low ids; an elastic KV pool (memory/pool.py) can then take whole free chunks off
 the top with `remove_free_blocks` and hand them to the other model with `add_blocks`.
+
+With a host tier (engine/host_tier.py) a block the LRU list evicts for reuse is saved
+there, and a lookup continues past the device hits into the tier: each block found there
+is loaded into a newly allocated device block under the same hash (a `host_hit`, its
+tokens not recomputed). `prefetch` does the same ahead of a lookup, leaving the loaded
+blocks cached-but-free at the recent end of the LRU list; the lookup that uses one counts
+it as a host hit. Blocks dropped deliberately (`evict_cached`, an elastic pool taking a
+chunk, whose bytes are zeroed at once) are not saved.
 """
 
 from __future__ import annotations
@@ -19,6 +27,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from tts_runtime.engine.events import BlockEvent, BlockEventKind, BlockEventListener
+from tts_runtime.engine.host_tier import HostTier
+from tts_runtime.executor.kv_swap import SwapTiming
 
 ROOT_HASH = 0
 
@@ -42,6 +52,7 @@ class BlockStats:
     prefix_hits: int = 0
     allocations: int = 0
     evictions: int = 0
+    host_hits: int = 0  # lookups served by the host tier (swapped in, or prefetched)
 
 
 @dataclass
@@ -53,6 +64,8 @@ class BlockManager:
     step: int = 0
     # Ids this manager may use at start (None: all). An elastic pool adds and removes ids.
     usable_blocks: Iterable[int] | None = None
+    # Host KV tier below the device pool (None: evicted blocks are lost).
+    host_tier: HostTier | None = None
 
     def __post_init__(self) -> None:
         self._blocks = [_Block(i) for i in range(self.num_blocks)]
@@ -61,6 +74,7 @@ class BlockManager:
         self._free_uncached: list[int] = sorted(self._usable)  # a min-heap of ids
         self._free_cached: OrderedDict[int, None] = OrderedDict()  # LRU first
         self._by_hash: dict[int, int] = {}
+        self._prefetched: set[int] = set()  # hashes the prefetcher loaded, not looked up since
         self.stats = BlockStats()
 
     # -- queries ---------------------------------------------------------------------
@@ -94,9 +108,9 @@ class BlockManager:
         return self._blocks[block_id].block_hash
 
     # -- events ----------------------------------------------------------------------
-    def _emit(self, kind: BlockEventKind, block_id: int, block_hash: int | None) -> None:
+    def _emit(self, kind: BlockEventKind, block_id: int, block_hash: int | None, **extra: float) -> None:
         if self.listeners:
-            event = BlockEvent(kind, block_id, block_hash, self.step)
+            event = BlockEvent(kind, block_id, block_hash, self.step, **extra)
             for listener in self.listeners:
                 listener(event)
 
@@ -128,22 +142,79 @@ class BlockManager:
                 del self._free_cached[block_id]
             block.ref_count += 1
             hit_ids.append(block_id)
-            self._emit("hit", block_id, h)
+            if h in self._prefetched:
+                self._prefetched.discard(h)
+                self._host_hit(block_id, h)
+            else:
+                self.stats.prefix_hits += 1
+                self._emit("hit", block_id, h)
+        while self.host_tier is not None and len(hit_ids) < len(hashes):
+            i = len(hit_ids)
+            block_id = self._load_from_host(hashes[i], hashes[i - 1] if i else ROOT_HASH,
+                                            tuple(token_ids[i * bs:(i + 1) * bs]), reserve=0)
+            if block_id is None:
+                break
+            hit_ids.append(block_id)
+            self._host_hit(block_id, hashes[i])
         for h in hashes[len(hit_ids):]:
             self._emit("miss", -1, h)
         self.stats.prefix_queries += len(hashes)
-        self.stats.prefix_hits += len(hit_ids)
         return hit_ids, hashes
 
+    def _host_hit(self, block_id: int, block_hash: int) -> None:
+        self.stats.host_hits += 1
+        self._emit("host_hit", block_id, block_hash, tokens=self.block_size)
+
+    def _load_from_host(self, block_hash: int, parent_hash: int, tokens: tuple[int, ...], reserve: int) -> int | None:
+        """A device block (one reference) holding the tier's copy of this block, registered
+        under its hash; None if the tier lacks it or the pool cannot spare a block beyond
+        `reserve` free ones."""
+        tier = self.host_tier
+        if (block_hash in self._by_hash or not tier.holds(block_hash, parent_hash, tokens)
+                or self.num_free_blocks <= reserve):
+            return None
+        tier.pin(block_hash)
+        block_id = self.allocate(1)[0]
+        tier.load(block_hash, block_id)
+        block = self._blocks[block_id]
+        block.block_hash, block.parent_hash, block.tokens = block_hash, parent_hash, tokens
+        self._by_hash[block_hash] = block_id
+        self._emit("swap_in", block_id, block_hash, nbytes=tier.block_bytes)
+        return block_id
+
+    def prefetch(self, token_ids: list[int], block_hashes: list[int], reserve: int) -> int:
+        """Load the tier's blocks that continue this chain's device hits into free device
+        blocks, keeping at least `reserve` blocks free; they stay cached-but-free (most
+        recently used) for the lookup to come. Returns how many were loaded."""
+        if self.host_tier is None:
+            return 0
+        bs, loaded = self.block_size, []
+        for i, h in enumerate(block_hashes):
+            if h in self._by_hash:
+                continue
+            block_id = self._load_from_host(h, block_hashes[i - 1] if i else ROOT_HASH,
+                                            tuple(token_ids[i * bs:(i + 1) * bs]), reserve)
+            if block_id is None:
+                break
+            self._prefetched.add(h)
+            loaded.append(block_id)
+        self.free(loaded)
+        return len(loaded)
+
+    def record_swap_times(self, timings: list[SwapTiming]) -> None:
+        for timing in timings:
+            self._emit("swap_time", -1, None, seconds=timing.seconds, hidden_seconds=timing.hidden_seconds)
+
     def num_cached_prefix_blocks(self, block_hashes: list[int]) -> int:
-        """How many leading blocks of a chain (`full_block_hashes`) are cached now. Read-only:
+        """How many leading blocks of a chain (`full_block_hashes`) are cached now, on the
+        device or in the host tier (either way not recomputed). Read-only:
         no reference taken, no event, no stats; a scheduler plans with it every step, so it
         trusts the chained hash (acquire_cached_prefix verifies the tokens)."""
         if not self.enable_prefix_caching:
             return 0
-        hits = 0
+        hits, tier = 0, self.host_tier
         for h in block_hashes:
-            if h not in self._by_hash:
+            if h not in self._by_hash and (tier is None or h not in tier):
                 break
             hits += 1
         return hits
@@ -174,7 +245,7 @@ class BlockManager:
                 block_id = heapq.heappop(self._free_uncached)
             else:
                 block_id, _ = self._free_cached.popitem(last=False)
-                self._evict(block_id)
+                self._evict(block_id, to_host=True)
             block = self._blocks[block_id]
             block.ref_count = 1
             out.append(block_id)
@@ -182,9 +253,17 @@ class BlockManager:
         self.stats.allocations += n
         return out
 
-    def _evict(self, block_id: int) -> None:
+    def _evict(self, block_id: int, to_host: bool = False) -> None:
+        """Forget a cached free block; `to_host`: it is being reused, save it to the tier."""
         block = self._blocks[block_id]
         self._emit("evict", block_id, block.block_hash)
+        self._prefetched.discard(block.block_hash)
+        if to_host and self.host_tier is not None:
+            copied, dropped = self.host_tier.save(block.block_hash, block.parent_hash, block.tokens, block_id)
+            for h in dropped:
+                self._emit("host_drop", -1, h)
+            if copied:
+                self._emit("swap_out", block_id, block.block_hash, nbytes=self.host_tier.block_bytes)
         del self._by_hash[block.block_hash]
         block.block_hash, block.parent_hash, block.tokens = None, ROOT_HASH, ()
         self.stats.evictions += 1

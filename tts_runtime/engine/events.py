@@ -9,7 +9,14 @@ from typing import Callable, Literal
 # from the free pool; cached: a block became full and its hash was registered; free: a
 # block's last user let go (it stays cached if it has a hash); evict: a cached free block
 # was reused for other tokens and its hash forgotten.
-BlockEventKind = Literal["hit", "miss", "allocate", "cached", "free", "evict"]
+# Host KV tier (engine/host_tier.py): swap_out: an evicted block's K/V were copied to the
+# tier; swap_in: a tier block was copied back into a device block (a lookup's or the
+# prefetcher's); host_hit: a lookup was served by the tier (swapped in now, or earlier by
+# the prefetcher) instead of a recompute; host_drop: the tier's LRU forgot a block;
+# swap_time: one batch of copies finished (`seconds`, of which `hidden_seconds` overlapped
+# a forward).
+BlockEventKind = Literal["hit", "miss", "allocate", "cached", "free", "evict",
+                         "swap_out", "swap_in", "host_hit", "host_drop", "swap_time"]
 
 
 @dataclass(frozen=True)
@@ -20,6 +27,12 @@ class BlockEvent:
     block_hash: int | None
     # Engine step counter when the event happened (for timelines).
     step: int
+    # Host tier only: bytes copied (swap_out, swap_in), tokens not recomputed (host_hit),
+    # copy time (swap_time).
+    nbytes: int = 0
+    tokens: int = 0
+    seconds: float = 0.0
+    hidden_seconds: float = 0.0
 
 
 BlockEventListener = Callable[[BlockEvent], None]

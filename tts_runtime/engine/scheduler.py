@@ -8,6 +8,12 @@ prompt tokens and the free KV fraction. When blocks run out, the most recently a
 sequence is preempted by recompute (its blocks are freed; it re-enters the front of the
 queue and its full blocks are likely still in the prefix cache).
 
+With `prefix_aware_order` (FastTTS) the waiting queue is regrouped before admission:
+requests sharing leading prefix blocks move up behind the first of them (a trie walk in
+first-come order), so they are admitted together while their prefix blocks are hot.
+With a host KV tier, `prefetch` swaps in the tier's blocks of the waiting requests the
+next step is likely to admit (the head of the queue within one step's token budget).
+
 Under pipeline parallelism (pp_size > 1) up to pp microbatches are in flight. Microbatch
 k takes the decodes of lane k mod pp (engine/lanes.py); a sequence the engine marks
 `in_flight` is neither scheduled nor preempted until its microbatch completes. With
@@ -160,6 +166,10 @@ class Scheduler:
                 break
             batch.prefills.append((seq, chunk))
             prefill_budget -= chunk
+        if self.config.prefix_aware_order and len(self.waiting) > 1 and self.blocks.enable_prefix_caching:
+            ordered = self._prefix_order(list(self.waiting), 0)
+            self.waiting.clear()
+            self.waiting.extend(ordered)
         while self.waiting and prefill_budget > 0 and len(self.running) < self.config.max_num_seqs:
             seq = self.waiting[0]
             if not self._admit(seq, prefill_budget, batch):
@@ -170,6 +180,39 @@ class Scheduler:
             batch.prefills.append((seq, chunk))
             prefill_budget -= chunk
         return batch
+
+    def _prefix_order(self, seqs: list[Sequence], depth: int) -> list[Sequence]:
+        """Group by the block hash at `depth`, groups in order of first appearance, each
+        group ordered the same way one block deeper; sequences without a full block there
+        stay in place at the front of their group."""
+        groups: dict[tuple[str, int], list[Sequence]] = {}
+        for seq in seqs:
+            hashes = self._waiting_hashes(seq)
+            key = ("block", hashes[depth]) if depth < len(hashes) else ("alone", seq.seq_id)
+            groups.setdefault(key, []).append(seq)
+        ordered = []
+        for group in groups.values():
+            ordered += self._prefix_order(group, depth + 1) if len(group) > 1 else group
+        return ordered
+
+    def prefetch(self) -> int:
+        """Swap in, one step ahead, the host tier's prefix blocks of the waiting sequences at
+        the head of the queue that fit the next step's token budget and sequence cap.
+        Leaves a free block per running sequence for its next token. Returns blocks loaded."""
+        blocks = self.blocks
+        if blocks.host_tier is None:
+            return 0
+        budget, room, loaded = self.config.max_num_batched_tokens, self.config.max_num_seqs - len(self.running), 0
+        for seq in self.waiting:
+            if budget <= 0 or room <= 0:
+                break
+            if seq.num_computed_tokens or seq.block_table:
+                continue
+            hashes = self._waiting_hashes(seq)
+            loaded += blocks.prefetch(seq.token_ids, hashes, reserve=len(self.running))
+            budget -= seq.num_tokens - blocks.block_size * blocks.num_cached_prefix_blocks(hashes)
+            room -= 1
+        return loaded
 
     def _lane_decodes(self, microbatch: int) -> list[Sequence]:
         """The decodes of this microbatch's lane that are not in flight. A lane with none
