@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from evals.environment import environment
@@ -13,11 +13,13 @@ from evals.metrics import RunCounters, run_metrics
 from evals.report import RunFolder
 from search.config import SearchConfig
 from search.driver import run_search
+from search.prm import check_prm_head
 from search.problem import Problem
 from search.progress import SearchProgress
 from search.results import ProblemResult
 from search.score_cache import ScoreCache
 from search.session import prm_format_name
+from tts_runtime.config import ConfigError
 from tts_runtime.runtime import Runtime
 
 
@@ -28,9 +30,20 @@ class RunOutcome:
     new: list[ProblemResult] = field(default_factory=list)
 
 
+def check_models(runtime: Runtime, config: SearchConfig) -> None:
+    """One-line errors for models that cannot play their part: a reward-head model cannot
+    generate, and a PRM's head must be the one its format reads."""
+    if runtime.generator.arch.has_reward_head:
+        raise ConfigError(f"generator {runtime.generator.spec.model} has a reward head instead of an LM head: "
+                          "it can only be a --prm")
+    prm = runtime.prm.spec.model
+    check_prm_head(prm_format_name(config, prm), prm, runtime.prm.arch.has_reward_head)
+
+
 def run_config(runtime: Runtime, config: SearchConfig, dataset: dict[str, Any],
                command: Sequence[str]) -> dict[str, Any]:
-    """Everything needed to reproduce the run."""
+    """Everything needed to reproduce the run (after checking the models fit it)."""
+    check_models(runtime, config)
     return {
         "method": config.method,
         "search": config.to_dict(),
@@ -41,6 +54,7 @@ def run_config(runtime: Runtime, config: SearchConfig, dataset: dict[str, Any],
         "seeds": {"search": config.seed, "engine": runtime.engine_config.seed},
         "backend": runtime.backend_info,
         "memory": {"config": vars(runtime.memory), "plan": runtime.plan.to_dict()},
+        "cohost": asdict(runtime.cohost),
         **environment(runtime.generator.device),
         "command": list(command),
     }
@@ -57,6 +71,7 @@ def split_finished(folder: RunFolder, problems: Sequence[Problem]) -> tuple[list
 def run_into_folder(runtime: Runtime, problems: Sequence[Problem], config: SearchConfig, folder: RunFolder,
                     *, on_result: Callable[[ProblemResult], None] | None = None,
                     progress: SearchProgress | None = None) -> RunOutcome:
+    check_models(runtime, config)
     previous, todo = split_finished(folder, problems)
     outcome = RunOutcome({}, previous)
 
@@ -68,6 +83,7 @@ def run_into_folder(runtime: Runtime, problems: Sequence[Problem], config: Searc
 
     cache = ScoreCache()
     before = RunCounters.read(runtime, cache)
+    cohost_before = runtime.cohost_counters()
     start = time.perf_counter()
     try:
         run_search(runtime, todo, config, on_result=record, cache=cache, progress=progress)
@@ -75,6 +91,9 @@ def run_into_folder(runtime: Runtime, problems: Sequence[Problem], config: Searc
         folder.close()
     seconds = time.perf_counter() - start
     work = RunCounters.read(runtime, cache) - before
-    outcome.metrics = run_metrics(previous + outcome.new, outcome.new, seconds, work, runtime.memory_metrics())
+    cohost_after = runtime.cohost_counters()
+    cohost = None if cohost_after is None else (cohost_after - cohost_before).report(seconds, runtime.cohost)
+    outcome.metrics = run_metrics(previous + outcome.new, outcome.new, seconds, work, runtime.memory_metrics(),
+                                  cohost)
     folder.write_metrics(outcome.metrics)
     return outcome

@@ -22,6 +22,7 @@ Layouts (`|` marks piece boundaries, `^` the scoring position, i.e. the last tok
 * math-shepherd:  [bos]question| step1| ки|\\nstep2| ки^  ("+" vs "-" at the tag).
 * math-shepherd-sal:  [bos]system\\nquestion\\n| step1| ки|\\n\\nstep2| ки^  (search-and-learn's input).
 * qwen-prm: head(system, question, assistant opening)|step1|<extra_0>|step2|<extra_0>^
+            (the score is the reward head's class 1 at the separator, not an LM-head token)
 * judge:    head instruction question heading|\\n\\nstep1|\\n\\nstep2|\\n\\n<ask Yes/No><u→a>^
             Only the part up to the newest step is shared with the next call; the final
             question and assistant opening come after it.
@@ -144,6 +145,9 @@ class PRMFormat(ABC):
     """Turns (question, steps) into a `ScoreQuery` for the last step."""
 
     name: ClassVar[str]
+    # True: the candidates are a reward head's classes, not vocabulary ids (the model must
+    # have that head, and no other format can read such a model).
+    reads_reward_head: bool = False
     candidate_token_ids: tuple[int, ...]
 
     def __init__(self, tokenizer: Any) -> None:
@@ -245,26 +249,36 @@ class MathShepherdSALFormat(MathShepherdFormat):
         return f"{SYSTEM_PROMPT}\n{question}\n"
 
 
+# Qwen2.5-Math-PRM's step reward is softmax(head logits)[1] (its model card's
+# `make_step_rewards`); listed good class first, as every format's candidates are.
+REWARD_HEAD_CLASSES = (1, 0)
+
+
 @_register
 class QwenPRMFormat(PRMFormat):
     """Qwen2.5-Math-PRM: system + question in the chat template, then the assistant turn
     holds the steps, each followed by `<extra_0>`; the score is read at the separator.
 
-    Simplification: the real model puts a two-class reward head on the separator's hidden
-    state. Our engine reads LM-head logits, so the two classes are modelled as the logits
-    of two token ids (`good`, `bad`, by default "+" and "-"): exact for a checkpoint whose
-    head is expressed that way, an approximation otherwise. Where `<extra_0>` is not a
-    single token (any non-Qwen tokenizer, e.g. the Gemma stand-in), the separator is still
-    written out as text and the score is read at its last token."""
+    The model (Qwen2ForProcessRewardModel) has a two-class reward head instead of an LM
+    head; the engine runs that head at the separator (tts_runtime/models/decoder.py) and
+    the step reward is the softmax's class 1. With `good` and `bad` words the format reads
+    those tokens' LM-head logits instead, for a checkpoint that expresses the verdict as
+    tokens. Where `<extra_0>` is not a single token (any non-Qwen tokenizer), the separator
+    is still written out as text and the score is read at its last token."""
 
     name = "qwen-prm"
+    reads_reward_head = True
     separator = "<extra_0>"
     system_prompt = "Please reason step by step, and put your final answer within \\boxed{}."
 
-    def __init__(self, tokenizer: Any, good: str = "+", bad: str = "-") -> None:
+    def __init__(self, tokenizer: Any, good: str | None = None, bad: str | None = None) -> None:
         super().__init__(tokenizer)
         self.layout = chat_layout(tokenizer, system=self.system_prompt)
-        self.candidate_token_ids = _candidates(tokenizer, good, bad)
+        if good is None and bad is None:
+            self.candidate_token_ids = REWARD_HEAD_CLASSES
+        else:
+            self.reads_reward_head = False
+            self.candidate_token_ids = _candidates(tokenizer, good or "+", bad or "-")
 
     def _pieces(self, question: str, steps: list[str]) -> tuple[list[str], list[str]]:
         pieces = [self.layout.head + question + self.layout.user_to_assistant]
@@ -308,6 +322,18 @@ def prm_format_class(name: str) -> type[PRMFormat]:
 
 def make_prm_format(name: str, tokenizer: Any, **options: Any) -> PRMFormat:
     return prm_format_class(name)(tokenizer, **options)
+
+
+def check_prm_head(format_name: str, model: str, reward_head: bool) -> None:
+    """One-line errors for a format and a PRM that do not fit: a reward head can only be
+    read by the format made for it, and that format needs the head."""
+    reads_head = prm_format_class(format_name).reads_reward_head
+    if reward_head and not reads_head:
+        raise ConfigError(f"PRM {model} has a reward head (Qwen2ForProcessRewardModel), which only the qwen-prm "
+                          f"format reads, not {format_name}: pass --prm-format qwen-prm")
+    if reads_head and not reward_head:
+        raise ConfigError(f"PRM format {format_name} reads a Qwen2ForProcessRewardModel reward head; {model} has "
+                          "an LM head: pass a Qwen2.5-Math-PRM folder as --prm, or another --prm-format")
 
 
 def default_format_for(model_name: str) -> str:

@@ -230,7 +230,7 @@ def test_qwen_prm_layout(tokenizer):
     layout = chat_layout(tokenizer, system=QwenPRMFormat.system_prompt)
     expected = layout.head + QUESTION + layout.user_to_assistant + "".join(s.strip() + "<extra_0>" for s in STEPS)
     assert _decode(tokenizer, query.token_ids) == expected
-    assert [_decode(tokenizer, [t]) for t in query.candidate_token_ids] == ["+", "-"]
+    assert query.candidate_token_ids == (1, 0)  # the reward head's classes, good first
     # Neither demo tokenizer has <extra_0> as one token: the score sits on its last token.
     assert _decode(tokenizer, [query.token_ids[query.positions[0]]]) == ">"
 

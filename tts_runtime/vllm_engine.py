@@ -201,6 +201,10 @@ class VllmEngine(BlockingCalls):
         folder = loaded.folder if loaded is not None else model_folder(spec.model)
         hf_config = json.loads((Path(folder) / "config.json").read_text())
         self.arch: ArchConfig = loaded.arch if loaded is not None else arch_from_hf(hf_config)
+        if self.arch.has_reward_head:
+            # vLLM serves it as a pooling model, not through the log-probabilities read here.
+            raise ConfigError(f"{spec.model} has a reward head (Qwen2ForProcessRewardModel), which the vLLM "
+                              "backend does not read: use --backend native")
         name = architecture(hf_config)
         from vllm import ModelRegistry
 

@@ -3,7 +3,8 @@
 The model takes a flat batch (all sequences' new tokens concatenated) and returns final
 hidden states; the engine decides which rows need logits and over which vocabulary
 columns (`compute_logits`), because the output layer is the most expensive matmul for
-small models with large vocabularies.
+small models with large vocabularies. A process reward model (Qwen2ForProcessRewardModel)
+has a small classifier (`score`) in place of the LM head: its "columns" are the classes.
 """
 
 from __future__ import annotations
@@ -77,6 +78,10 @@ class DecoderLayer(nn.Module):
         return x + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(x, ops), ops), ops)
 
 
+# The reward head's checkpoint tensors (HF Qwen2ForProcessRewardModel: Linear, ReLU, Linear).
+_REWARD_HEAD_WEIGHTS = ("score.0.weight", "score.0.bias", "score.2.weight", "score.2.bias")
+
+
 class DecoderModel(nn.Module):
     def __init__(self, arch: ArchConfig) -> None:
         super().__init__()
@@ -84,7 +89,13 @@ class DecoderModel(nn.Module):
         self.embed_tokens = nn.Embedding(arch.vocab_size, arch.hidden_size)
         self.layers = nn.ModuleList(DecoderLayer(arch, i) for i in range(arch.num_layers))
         self.norm = RMSNorm(arch.hidden_size, arch.rms_norm_eps, arch.is_gemma)
-        self.lm_head = None if arch.tie_word_embeddings else nn.Linear(arch.hidden_size, arch.vocab_size, bias=False)
+        untied = not arch.tie_word_embeddings and not arch.has_reward_head
+        self.lm_head = nn.Linear(arch.hidden_size, arch.vocab_size, bias=False) if untied else None
+        # Named and shaped as HF's Qwen2ForProcessRewardModel (`score.0`, `score.2`), so its
+        # checkpoint loads as is.
+        self.score = nn.Sequential(
+            nn.Linear(arch.hidden_size, arch.hidden_size), nn.ReLU(),
+            nn.Linear(arch.hidden_size, arch.reward_labels)) if arch.has_reward_head else None
         # Layers share rope tables when their rope configs agree (Gemma: local vs global).
         self._ropes: list[RopeConfig] = list(dict.fromkeys(arch.layer_rope))
         self._layer_rope_slot = [self._ropes.index(r) for r in arch.layer_rope]
@@ -133,17 +144,27 @@ class DecoderModel(nn.Module):
                 self.layers[index] = nn.Identity()
         if not keep_head:
             self.lm_head = None if self.lm_head is None else nn.Identity()
+            self.score = None
         if not keep_embedding and not (keep_head and self.lm_head is None):
             self.embed_tokens = nn.Identity()
 
     def compute_logits(self, hidden: torch.Tensor, columns: torch.Tensor | None = None) -> torch.Tensor:
-        """Logits for the given rows; `columns` restricts the output layer to those token ids."""
+        """Logits for the given rows; `columns` restricts the output layer to those token ids
+        (with a reward head: to those classes)."""
+        if self.score is not None:
+            return self._reward_logits(hidden, columns)
         weight = self.output_weight if columns is None else self.output_weight[columns]
         logits = hidden @ weight.t()
         cap = self.arch.final_logit_softcapping
         if cap is not None:
             logits = cap * torch.tanh(logits / cap)
         return logits
+
+    def _reward_logits(self, hidden: torch.Tensor, columns: torch.Tensor | None) -> torch.Tensor:
+        if columns is None and hidden.shape[0]:
+            raise ValueError("this model has a reward head instead of an LM head: it scores, it cannot generate")
+        logits = self.score(hidden)
+        return logits if columns is None else logits[:, columns]
 
     def load_hf_state_dict(self, state: dict[str, torch.Tensor]) -> None:
         """Map HF parameter names onto this module, fusing q/k/v and gate/up."""
@@ -173,6 +194,8 @@ class DecoderModel(nn.Module):
         put("norm.weight", state["model.norm.weight"])
         if self.lm_head is not None:
             put("lm_head.weight", state["lm_head.weight"])
+        for name in _REWARD_HEAD_WEIGHTS if self.score is not None else ():
+            put(name, state[name])
         missing = set(own) - loaded
         if missing:
             raise ValueError(f"checkpoint is missing weights: {sorted(missing)[:5]}")
