@@ -98,6 +98,9 @@ def throughput(results: Sequence[ProblemResult], seconds: float, work: RunCounte
 
 
 def run_metrics(all_results: Sequence[ProblemResult], new_results: Sequence[ProblemResult],
-                seconds: float, work: RunCounters, memory: dict[str, Any]) -> dict[str, Any]:
-    """`memory`: the runtime's memory report (plan, prefix-cache and thrash per model)."""
-    return {**accuracy(all_results), "throughput": throughput(new_results, seconds, work), "memory": memory}
+                seconds: float, work: RunCounters, memory: dict[str, Any],
+                cohost: dict[str, Any] | None = None) -> dict[str, Any]:
+    """`memory`: the runtime's memory report (plan, prefix-cache and thrash per model);
+    `cohost`: the run's phase transitions, batch sizes and busy fractions per engine."""
+    metrics = {**accuracy(all_results), "throughput": throughput(new_results, seconds, work), "memory": memory}
+    return metrics if cohost is None else {**metrics, "cohost": cohost}

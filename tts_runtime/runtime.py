@@ -1,8 +1,11 @@
 """Runtime: co-hosts the generator and the PRM on one device and one memory budget.
 
 Callers enqueue generate/score requests and get asyncio futures (or use the blocking
-helpers). One driver steps both engines in turn while any future is pending, so requests
-from every in-flight search share the engines' batches.
+helpers). One driver steps the engines while any future is pending, so requests from every
+in-flight search share the engines' batches. Which engine steps when is the phase policy's
+choice (tts_runtime/phases.py: alternate every step, or Seesaw-style batched phases); with
+`overlap` both engines' forwards run at once (tts_runtime/overlap.py: a worker process each
+on CPU, a CUDA stream each on a GPU, both models' microbatches in one pipeline under pp > 1).
 
 Memory: both models are profiled (weights, peak activations of a forward at the token
 budget, non-torch), the budget left for KV is split by the memory policy (memory/split.py),
@@ -24,7 +27,9 @@ from memory.pool import ElasticKVPool
 from memory.profile import MemoryProfile, ProfileCache, profile_model
 from memory.split import MemoryConfig, MemoryPlan, Workload, plan_memory
 from memory.thrash import ThrashTracker
-from tts_runtime.config import ConfigError, EngineConfig, ModelSpec, resolve_device, resolve_dtype
+from tts_runtime.cohost_stats import CohostCounters, EngineCounters
+from tts_runtime.config import CohostConfig, ConfigError, EngineConfig, ModelSpec, resolve_device, resolve_dtype
+from tts_runtime.executor.build import build_local_executor
 from tts_runtime.executor.device_memory import device_memory_info
 from tts_runtime.engine.engine import Engine
 from tts_runtime.executor.kv_cache import KVAllocation, bytes_per_block, element_size, shared_kv_views
@@ -32,9 +37,10 @@ from tts_runtime.executor.pipeline import PipelineGroup, StageModel
 from tts_runtime.executor.profiling import EngineRole, profile_tokens, profiling_forward
 from tts_runtime.engine.request import RequestOutput, SamplingParams, ScoreParams
 from tts_runtime.models.loader import LoadedModel, cache_root, load_model
+from tts_runtime.overlap import OverlapStepper, StreamExecutor, worker_group, worker_threads
+from tts_runtime.phases import GENERATOR, PRM, PhaseScheduler
 from tts_runtime.vllm_engine import VllmEngine, require_vllm
 
-GENERATOR, PRM = "generator", "prm"
 BACKENDS = ("native", "vllm")
 _DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
 
@@ -96,6 +102,16 @@ def check_backend(backend: str, memory_policy: str) -> None:
         require_vllm(memory_policy)
 
 
+def check_cohost(backend: str, memory_policy: str, cohost: CohostConfig) -> None:
+    """One-line errors for co-hosting settings that cannot run together."""
+    if backend == "vllm" and (cohost.overlap or cohost.phase_policy != "alternate"):
+        raise ConfigError("--overlap and --phase-policy batched drive our engine's launch and collect "
+                          "halves; vLLM engines step whole: use them with --backend native")
+    if cohost.overlap and memory_policy == "elastic":
+        raise ConfigError("--overlap runs each engine's forward in a worker of its own, but the elastic "
+                          "policy's KV pool lives in this process: use --memory-policy static or auto")
+
+
 class Runtime:
     def __init__(self, generator: ModelSpec | str | LoadedModel, prm: ModelSpec | str | LoadedModel,
                  memory: MemoryConfig | None = None, engine_config: EngineConfig | None = None, *,
@@ -111,6 +127,8 @@ class Runtime:
             self.engine_config = replace(self.engine_config, device=device)
         self.memory = memory or MemoryConfig()
         check_backend(backend, self.memory.policy)
+        self.cohost = self.engine_config.cohost
+        check_cohost(backend, self.memory.policy, self.cohost)
         dev = resolve_device(self.engine_config.device)
         gen_spec, gen_loaded = _load(generator, dev)
         prm_spec, prm_loaded = _load(prm, dev)
@@ -122,6 +140,7 @@ class Runtime:
         self.pool: ElasticKVPool | None = None
         self.elastic: ElasticPolicy | None = None
         self.pipeline: PipelineGroup | None = None
+        self.workers: list[PipelineGroup] = []  # overlap at pp 1 on CPU: one process per engine
         # vLLM emits no block events: nothing for thrash trackers to follow there.
         self.trackers = {} if backend == "vllm" else {GENERATOR: ThrashTracker(), PRM: ThrashTracker()}
         if backend == "vllm":
@@ -153,6 +172,8 @@ class Runtime:
                                     num_blocks=self.plan.generator_blocks, executor=self.pipeline.executor(GENERATOR))
             self.prm = Engine(prm_spec, self.engine_config, loaded=prm_loaded, num_blocks=self.plan.prm_blocks,
                               executor=self.pipeline.executor(PRM))
+        elif self.cohost.overlap:
+            self._start_overlapped((gen_spec, prm_spec), (gen_loaded, prm_loaded), dev)
         else:
             self.generator = Engine(gen_spec, self.engine_config, loaded=gen_loaded,
                                     num_blocks=self.plan.generator_blocks)
@@ -162,6 +183,10 @@ class Runtime:
         self.num_steps = 0
         self._pending: dict[tuple[str, str], asyncio.Future | list] = {}
         self._ids = itertools.count()
+        self.phases = PhaseScheduler(self.cohost)
+        self.transitions = 0
+        self._last_forward: str | None = None
+        self.overlap = OverlapStepper(self.engines, self._note_forward) if self.cohost.overlap else None
 
     @property
     def backend_info(self) -> dict:
@@ -182,6 +207,29 @@ class Runtime:
             VllmEngine(spec, self.engine_config, loaded=model,
                        kv_cache_bytes=count * bytes_per_block(model.arch, block, dtype))
             for spec, model, count, dtype in zip(specs, loaded, blocks, dtypes))
+
+    def _start_overlapped(self, specs: tuple[ModelSpec, ModelSpec], loaded: tuple[LoadedModel, LoadedModel],
+                          device: torch.device) -> None:
+        """pp 1 with overlap: each engine's forward on a CUDA stream of its own, or on CPU in a
+        worker process of its own with its share of the cores."""
+        blocks = (self.plan.generator_blocks, self.plan.prm_blocks)
+        if device.type == "cuda":
+            executors = [StreamExecutor(build_local_executor(model, self.engine_config, count), device)
+                         for model, count in zip(loaded, blocks)]
+        else:
+            threads = worker_threads(self.engine_config)
+            models = (StageModel.of(GENERATOR, loaded[0], blocks[0]),
+                      StageModel.of(PRM, loaded[1], blocks[1], samples_full_vocabulary=False))
+            try:
+                for model in models:
+                    self.workers.append(worker_group(model, self.engine_config, threads))
+            except BaseException:
+                for group in self.workers:
+                    group.shutdown()
+                raise
+            executors = [group.executor(model.key) for group, model in zip(self.workers, models)]
+        self.generator, self.prm = (Engine(spec, self.engine_config, loaded=model, num_blocks=count, executor=executor)
+                                    for spec, model, count, executor in zip(specs, loaded, blocks, executors))
 
     def _shared_kv(self, member: str, loaded: LoadedModel, dtype: torch.dtype) -> KVAllocation:
         layout = self.plan.chunks
@@ -225,18 +273,23 @@ class Runtime:
         return await self.submit_score(prompt, params)
 
     def step(self) -> int:
-        """One step of each engine that has work (and, under elastic, the memory to run);
-        resolves finished futures."""
+        """One step of the engines the phase policy picks among those that have work (and,
+        under elastic, the memory to run): each steps in turn, or, overlapped, both launch and
+        the first result to arrive is completed. Resolves finished futures."""
         runnable = {name for name, engine in self.engines.items() if engine.has_unfinished_requests()}
         if self.elastic is not None and runnable:
             runnable = self.elastic.rebalance(self._pressures(), self.num_steps, self._yielders())
             if not runnable:
                 raise RuntimeError("elastic memory left no engine able to step")
+        chosen = self.phases.choose(runnable, self.engines)
+        if self.overlap is not None:
+            stepped = self.overlap.step(chosen)
+        else:
+            stepped = [(name, self._step_engine(name)) for name in chosen]
         resolved = 0
-        for kind, name in (("g", GENERATOR), ("p", PRM)):
-            if name not in runnable:
-                continue
-            for output in self.engines[name].step():
+        for name, outputs in stepped:
+            kind = "g" if name == GENERATOR else "p"
+            for output in outputs:
                 future = self._pending.pop((kind, output.request_id))
                 if not future.cancelled():
                     future.set_result(output)
@@ -246,6 +299,23 @@ class Runtime:
             counts = self.engines[name].block_counts()
             tracker.record_step(self.num_steps, counts.in_use, counts.cached_free, counts.free - counts.cached_free)
         return resolved
+
+    def _step_engine(self, name: str) -> list[RequestOutput]:
+        self._note_forward(name)
+        return self.engines[name].step()
+
+    def _note_forward(self, name: str) -> None:
+        """A phase transition is a forward of the other engine than the last one."""
+        if self._last_forward is not None and name != self._last_forward:
+            self.transitions += 1
+        self._last_forward = name
+
+    def cohost_counters(self) -> CohostCounters | None:
+        """Transitions and per-engine forwards, batch sizes, busy time so far (None on vLLM,
+        whose engines report no microbatches)."""
+        if self.backend == "vllm":
+            return None
+        return CohostCounters(self.transitions, EngineCounters.read(self.generator), EngineCounters.read(self.prm))
 
     def _pressure(self, name: str) -> Pressure:
         return Pressure(**asdict(self.engines[name].pressure()), thrash_events=self.trackers[name].thrash_events)
@@ -311,5 +381,5 @@ class Runtime:
     def shutdown(self) -> None:
         self.generator.shutdown()
         self.prm.shutdown()
-        if self.pipeline is not None:
-            self.pipeline.shutdown()
+        for group in ([self.pipeline] if self.pipeline is not None else []) + self.workers:
+            group.shutdown()

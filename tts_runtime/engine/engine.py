@@ -268,6 +268,10 @@ class Engine(BlockingCalls):
     def num_in_flight(self) -> int:
         return len(self._in_flight)
 
+    def oldest_in_flight(self) -> Future[ModelOutput] | None:
+        """The result `collect` waits for next (None: nothing in flight)."""
+        return self._in_flight[0].future if self._in_flight else None
+
     # -- one iteration ---------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
         """Launch microbatches while the executor has room (a pipeline keeps up to pp in

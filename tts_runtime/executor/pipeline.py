@@ -79,8 +79,10 @@ def _describe_exit(code: int | None) -> str:
 
 
 class PipelineGroup:
-    def __init__(self, models: list[StageModel], config: EngineConfig) -> None:
+    def __init__(self, models: list[StageModel], config: EngineConfig, name: str = "pipeline") -> None:
+        """`name` starts every failure line (e.g. "generator worker" for an overlap worker)."""
         parallel = config.parallel
+        self.name = name
         self.pp_size = pp = parallel.pp_size
         self.config = config
         self.layers = {m.key: stage_layers(m.arch, pp, parallel.pp_layers if i == 0 else None,
@@ -211,17 +213,16 @@ class PipelineGroup:
         elif isinstance(message, StageFailure):
             self._fail(PipelineFailure(self._failure_line(message)))
 
-    @staticmethod
-    def _failure_line(failure: StageFailure) -> str:
+    def _failure_line(self, failure: StageFailure) -> str:
         last = failure.traceback.strip().splitlines()[-1]
-        return f"pipeline stage {failure.stage} (pid {failure.pid}) raised {last}\n{failure.traceback}"
+        return f"{self.name} stage {failure.stage} (pid {failure.pid}) raised {last}\n{failure.traceback}"
 
     def _dead_stage(self) -> str | None:
         if self._closed:
             return None
         for stage, process in enumerate(self.processes):
             if not process.is_alive():
-                return f"pipeline stage {stage} (pid {process.pid}) {_describe_exit(process.exitcode)}"
+                return f"{self.name} stage {stage} (pid {process.pid}) {_describe_exit(process.exitcode)}"
         return None
 
     def _fail(self, failure: PipelineFailure) -> None:

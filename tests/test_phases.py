@@ -1,0 +1,144 @@
+"""Phase scheduling of the co-hosted pair (tts_runtime/phases.py) on the real demo models.
+
+A small run whose forwards can be counted by hand: one generate request (n=2, 5 greedy
+tokens) and one score request, prompts cut into 16-token prefill chunks. The generator needs
+ceil(prompt / 16) prefill forwards (the last samples the first tokens, then forks) and 4
+decodes; the PRM ceil(prompt / 16) forwards. Each policy must step the engines in the order
+its rule says, and searches must come out the same under every policy."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+
+import pytest
+
+from evals.datasets import load_problems
+from memory.split import MemoryConfig
+from search import SearchConfig, run_search
+from tts_runtime.config import CohostConfig, ConfigError, EngineConfig, SchedulerConfig
+from tts_runtime.engine.request import SamplingParams, ScoreParams
+from tts_runtime.runtime import Runtime
+
+CHUNK = 16
+QUESTION = "What is the sum of the first ten positive integers? Think step by step."
+STEP = "The sum of 1 through 10 is 10 * 11 / 2 = 55.\n\n"
+
+
+def _runtime(generator_model, prm_model, **cohost) -> Runtime:
+    config = EngineConfig(scheduler=SchedulerConfig(max_prefill_chunk=CHUNK), cohost=CohostConfig(**cohost))
+    return Runtime(generator_model, prm_model, memory=MemoryConfig(device_memory=3 << 30), engine_config=config)
+
+
+def _forward_order(runtime: Runtime) -> str:
+    """Submit the small workload and step until done: 'G'/'P' per forward, in order."""
+    gen, prm = runtime.generator, runtime.prm
+    order = []
+
+    async def run() -> None:
+        gen_prompt = gen.tokenize(QUESTION)
+        prm_prompt = prm.tokenize(QUESTION + "\n" + STEP)
+        futures = [runtime.submit_generate(gen_prompt, SamplingParams(temperature=0, n=2, max_tokens=5,
+                                                                      ignore_eos=True)),
+                   runtime.submit_score(prm_prompt, ScoreParams(positions=(len(prm_prompt) - 1,),
+                                                                candidate_token_ids=(1, 2)))]
+        while runtime.busy:
+            before = (gen.stats.steps, prm.stats.steps)
+            runtime.step()
+            order.append("G" * (gen.stats.steps - before[0]) + "P" * (prm.stats.steps - before[1]))
+        await asyncio.gather(*futures)
+
+    asyncio.run(run())
+    return "".join(order)
+
+
+def _expected_counts(runtime: Runtime) -> tuple[int, int]:
+    gen_prompt = runtime.generator.tokenize(QUESTION)
+    prm_prompt = runtime.prm.tokenize(QUESTION + "\n" + STEP)
+    return math.ceil(len(gen_prompt) / CHUNK) + 4, math.ceil(len(prm_prompt) / CHUNK)
+
+
+def _transitions(order: str) -> int:
+    return sum(a != b for a, b in zip(order, order[1:]))
+
+
+CASES = {
+    # every step: the generator, then the PRM, while each has work
+    "alternate": (dict(), lambda g, p: "".join(("G" if i < g else "") + ("P" if i < p else "")
+                                               for i in range(max(g, p)))),
+    # the generator runs dry before the PRM's 2048-token buffer fills: all of it, then the PRM
+    "batched": (dict(phase_policy="batched"), lambda g, p: "G" * g + "P" * p),
+    # the PRM's buffer (1 token) is full from the start: the PRM drains first
+    "prm buffer full": (dict(phase_policy="batched", prm_buffer_tokens=1), lambda g, p: "P" * p + "G" * g),
+    # two unfinished generator sequences are at the low-water mark: the PRM first
+    "generator at low water": (dict(phase_policy="batched", generator_low_water=2),
+                               lambda g, p: "P" * p + "G" * g),
+    # both buffers full at every step: the phase flips each step until the PRM is drained
+    "both buffers full": (dict(phase_policy="batched", prm_buffer_tokens=1, generator_buffer_seqs=2),
+                          lambda g, p: "PG" * p + "G" * (g - p)),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_phase_policy_steps_the_engines_by_its_rule(generator_model, prm_model, case):
+    cohost, expected = CASES[case]
+    runtime = _runtime(generator_model, prm_model, **cohost)
+    try:
+        gen_forwards, prm_forwards = _expected_counts(runtime)
+        assert gen_forwards > prm_forwards > 1  # the shapes the expectations above assume
+        order = _forward_order(runtime)
+        assert order == expected(gen_forwards, prm_forwards)
+        assert runtime.transitions == _transitions(order)
+        counters = runtime.cohost_counters()
+        assert (counters.generator.forwards, counters.prm.forwards) == (gen_forwards, prm_forwards)
+    finally:
+        runtime.shutdown()
+
+
+def test_bad_phase_settings_are_one_line_errors():
+    with pytest.raises(ConfigError, match="unknown phase policy 'seesaw'; choose alternate or batched"):
+        CohostConfig(phase_policy="seesaw")
+    with pytest.raises(ConfigError, match="--prm-buffer-tokens must be >= 1"):
+        CohostConfig(prm_buffer_tokens=0)
+    with pytest.raises(ConfigError, match="--generator-low-water must be >= 0"):
+        CohostConfig(generator_low_water=-1)
+
+
+# -- searches ---------------------------------------------------------------------------------
+
+SEEDED = SearchConfig(n=4, beam_width=2, num_iterations=2, max_step_tokens=40, max_tokens=48, eos_sampling=False,
+                      problem_batch=2, temperature=0.8, seed=7)
+
+
+@pytest.fixture(scope="module")
+def policy_runs(generator_model, prm_model, math500_path):
+    problems = load_problems("math500", dataset_path=str(math500_path), limit=2)
+    runs = {}
+    for policy in ("alternate", "batched"):
+        runtime = Runtime(generator_model, prm_model, memory=MemoryConfig(device_memory=3 << 30),
+                          engine_config=EngineConfig(cohost=CohostConfig(phase_policy=policy)))
+        try:
+            results = run_search(runtime, problems, SEEDED)
+            runs[policy] = (results, runtime.cohost_counters())
+        finally:
+            runtime.shutdown()
+    return runs
+
+
+@pytest.mark.slow
+def test_search_results_do_not_depend_on_the_phase_policy(policy_runs):
+    (alternate, _), (batched, _) = policy_runs["alternate"], policy_runs["batched"]
+    assert [r.id for r in alternate] == [r.id for r in batched]
+    for a, b in zip(alternate, batched):
+        assert [beam.steps for beam in a.beams] == [beam.steps for beam in b.beams]
+        assert (a.prediction, a.generated_tokens, a.prm_tokens) == (b.prediction, b.generated_tokens, b.prm_tokens)
+        for x, y in zip(a.beams, b.beams):
+            assert x.step_scores == pytest.approx(y.step_scores, rel=1e-5)
+
+
+@pytest.mark.slow
+def test_batched_phases_switch_less_and_batch_the_prm_more(policy_runs):
+    (_, alternate), (_, batched) = policy_runs["alternate"], policy_runs["batched"]
+    assert batched.transitions < alternate.transitions
+    assert batched.prm.forwards < alternate.prm.forwards
+    assert batched.prm.sequences / batched.prm.forwards > alternate.prm.sequences / alternate.prm.forwards
