@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from evals.environment import environment
@@ -54,6 +54,7 @@ def run_config(runtime: Runtime, config: SearchConfig, dataset: dict[str, Any],
         "seeds": {"search": config.seed, "engine": runtime.engine_config.seed},
         "backend": runtime.backend_info,
         "memory": {"config": vars(runtime.memory), "plan": runtime.plan.to_dict()},
+        "cohost": asdict(runtime.cohost),
         **environment(runtime.generator.device),
         "command": list(command),
     }
@@ -82,6 +83,7 @@ def run_into_folder(runtime: Runtime, problems: Sequence[Problem], config: Searc
 
     cache = ScoreCache()
     before = RunCounters.read(runtime, cache)
+    cohost_before = runtime.cohost_counters()
     start = time.perf_counter()
     try:
         run_search(runtime, todo, config, on_result=record, cache=cache, progress=progress)
@@ -89,6 +91,9 @@ def run_into_folder(runtime: Runtime, problems: Sequence[Problem], config: Searc
         folder.close()
     seconds = time.perf_counter() - start
     work = RunCounters.read(runtime, cache) - before
-    outcome.metrics = run_metrics(previous + outcome.new, outcome.new, seconds, work, runtime.memory_metrics())
+    cohost_after = runtime.cohost_counters()
+    cohost = None if cohost_after is None else (cohost_after - cohost_before).report(seconds, runtime.cohost)
+    outcome.metrics = run_metrics(previous + outcome.new, outcome.new, seconds, work, runtime.memory_metrics(),
+                                  cohost)
     folder.write_metrics(outcome.metrics)
     return outcome
