@@ -35,7 +35,7 @@ def balanced_split(num_layers: int, pp_size: int, layer: int, head: int) -> list
         stages_left = pp_size - len(counts)
         if stages_left == 1:
             split = counts + [left]
-            worst = max(max(c * layer for c in split[:-1]), left * layer + head)
+            worst = max([c * layer for c in split[:-1]] + [left * layer + head])  # one stage: the head's
             if best is None or worst < best[0]:
                 best = (worst, split)
             return
