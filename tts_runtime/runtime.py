@@ -283,6 +283,8 @@ class Runtime:
                 raise RuntimeError("elastic memory left no engine able to step")
         chosen = self.phases.choose(runnable, self.engines)
         if self.overlap is not None:
+            for group in self.workers:  # a dead worker ends the run now, not when its engine is next due
+                group.check()
             stepped = self.overlap.step(chosen)
         else:
             stepped = [(name, self._step_engine(name)) for name in chosen]

@@ -159,6 +159,13 @@ class PipelineGroup:
         with self._lock:
             return len(self._pending) < self.pp_size
 
+    def check(self) -> None:
+        """Raise the failure that stopped the group, if any: a caller that is not waiting on
+        this group (an overlap worker's peer still computing) learns of it at once."""
+        with self._lock:
+            if self._failure is not None:
+                raise self._failure
+
     def launch(self, model: str, batch: ModelInput, sample_plan: SamplePlan | None) -> Future[ModelOutput]:
         future: Future[ModelOutput] = Future()
         with self._lock:
