@@ -24,6 +24,8 @@ from tts_runtime.config import ParallelConfig
 from tts_runtime.executor.batch import AttentionMetadata, ModelInput
 from tts_runtime.executor.pipeline import PipelineFailure
 from tts_runtime.executor.stage_split import balanced_split
+from tts_runtime.models.decoder import ModelPart
+from tts_runtime.models.loader import load_model
 
 PREFIX = ("Solve the following math problem efficiently and clearly. Think step by step and put "
           "the final answer in a box. ")
@@ -91,6 +93,28 @@ def test_sipipe_switches_off_change_no_token(generator_model, pp1_greedy, pp2_se
         assert _generate(engine, SEEDED) == pp2_seeded["tokens"]
     finally:
         engine.shutdown()
+
+
+@pytest.mark.parametrize("structure_aware", [True, False])
+def test_gloo_transport_gives_the_tokens_of_shared_memory(generator_model, pp1_greedy, pp2_seeded, structure_aware):
+    """Activations over torch.distributed point-to-point instead of shared-memory slots."""
+    engine = _engine(generator_model, 2, transport="gloo", structure_aware=structure_aware)
+    try:
+        assert _generate(engine, GREEDY) == pp1_greedy
+        assert _generate(engine, SEEDED) == pp2_seeded["tokens"]
+    finally:
+        engine.shutdown()
+
+
+def test_stages_read_only_their_slice_of_the_checkpoint(generator_model):
+    """A middle stage allocates and reads its layers only: no embedding, no head."""
+    part = ModelPart(range(5, 10), embedding=False, head=False)
+    sliced = load_model(generator_model.name, torch.float32, torch.device("cpu"), part).model
+    whole = dict(generator_model.model.named_parameters())
+    names = {name for name, _ in sliced.named_parameters()}
+    assert names == {name for name in whole if name.startswith(tuple(f"layers.{i}." for i in range(5, 10)))
+                     or name == "norm.weight"}
+    assert all(torch.equal(whole[name], param) for name, param in sliced.named_parameters())
 
 
 def test_pp2_matches_pp1_under_preemption(generator_model):

@@ -26,6 +26,7 @@ if not torch.cuda.is_available() and not isinstance(tl.sum, InterpretedFunction)
     pytest.skip("triton was imported without TRITON_INTERPRET=1 and there is no GPU; "
                 "run this module alone or set TRITON_INTERPRET=1", allow_module_level=True)
 
+from attention_cases import CASES, build as build_shared  # noqa: E402
 from tts_runtime.executor.attention import TorchAttention  # noqa: E402
 from tts_runtime.executor.batch import AttentionMetadata  # noqa: E402
 from tts_runtime.executor.triton_attention import TritonAttention  # noqa: E402
@@ -220,7 +221,8 @@ from triton.compiler import ASTSource
 import tts_runtime.executor.triton_attention as ta
 
 POINTERS = {"block_tables": "*i32", "context_lens": "*i32", "tiles": "*i32", "slot_mapping": "*i64",
-            "part_acc": "*fp32", "part_m": "*fp32", "part_l": "*fp32"}
+            "part_acc": "*fp32", "part_m": "*fp32", "part_l": "*fp32", "tables": "*i32", "items": "*i32",
+            "rows": "*i32", "parts_ptr": "*i32", "parts": "*i32"}
 DATA = ("query", "key", "value", "k_cache", "v_cache", "out")
 TY = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
 
@@ -251,6 +253,10 @@ for dtype, d, group, window, softcap, splits in [
     if splits > 1:
         build(ta._decode_reduce_kernel, dtype, dict(NUM_HEADS=group, HEAD_DIM=d, NUM_SPLITS=splits,
                                                     BLOCK_S=splits, BLOCK_D=d), 4)
+    block_g = triton.next_power_of_2(group)
+    build(ta._cascade_kernel, dtype, dict(common, NUM_HEADS=group, BLOCK_R=max(1, 64 // block_g),
+                                          BLOCK_G=block_g), warps)
+    build(ta._cascade_merge_kernel, dtype, dict(NUM_HEADS=group, HEAD_DIM=d, BLOCK_D=d), 4)
     build(ta._store_kv_kernel, dtype,
           dict(NUM_KV_HEADS=2, HEAD_DIM=d, BLOCK_SIZE=16, BLOCK_H=2, BLOCK_D=d), 4)
 print("compiled")
@@ -284,3 +290,33 @@ def test_backend_reused_across_batches():
         ref = torch_backend.attend(query, k_cache, v_cache, meta, 0.125, None, None)
         out = triton_backend.attend(query, k_cache, v_cache, meta, 0.125, None, None)
         assert rel_err(out, ref) <= REL_TOL[torch.float32]
+
+
+# -- cascade: the attention plan's items over shared prefix blocks ------------------------
+# Beam-shaped batches (tests/attention_cases.py, shared with the CPU kernel's tests), cut
+# to sizes the interpreter runs in seconds.
+CASCADE_CASES = {name: CASES[name] for name in (
+    "forks-of-one-prompt", "beams-diverging-at-different-blocks", "sequence-sharing-nothing",
+    "sliding-window-gqa4-bs8", "softcap-window", "mixed-prefill-and-decode", "block-major-strided-pool", "bf16",
+    "bf16-gemma-shape")}
+
+
+@pytest.mark.parametrize("name", list(CASCADE_CASES))
+def test_cascade_matches_torch(name):
+    case = CASCADE_CASES[name]
+    query, k_cache, v_cache, meta = (t.to(DEVICE) if isinstance(t, torch.Tensor) else t
+                                     for t in build_shared(case))
+    scale = case.head_dim ** -0.5
+    ref = TorchAttention().attend(query, k_cache, v_cache, meta, scale, case.window, case.softcap)
+    backend = TritonAttention(cascade=True)
+    out = backend.attend(query, k_cache, v_cache, meta, scale, case.window, case.softcap)
+    assert backend._plan_for[1] is not None, "the batch shares blocks: the cascade kernels must run"
+    assert out.dtype == query.dtype and torch.isfinite(out).all()
+    assert rel_err(out, ref) <= REL_TOL[case.dtype]
+
+
+def test_cascade_leaves_batches_without_shared_blocks_to_the_flat_kernels():
+    query, k_cache, v_cache, meta = build_shared(CASES["long-single-sequence"])
+    backend = TritonAttention(cascade=True)
+    backend.attend(query[:, :9], k_cache, v_cache, meta, 0.125, None, None)
+    assert backend._plan_for[1] is None

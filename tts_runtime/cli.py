@@ -160,6 +160,8 @@ def _make_search_command(method: str, summary: str) -> None:
                                                               "(default: balanced by cost).")] = None,
         threads_per_stage: Annotated[Optional[int], typer.Option(help="Torch threads per stage "
                                                                       "(default: cores / pp).")] = None,
+        pp_transport: Annotated[str, typer.Option(help="Activations between stages: shm (shared memory) or "
+                                                       "gloo (torch.distributed).")] = "auto",
         sample_on_driver: Annotated[bool, typer.Option(help="SiPipe: sample on the driver while the "
                                                             "stages run on.")] = True,
         token_safe: Annotated[bool, typer.Option(help="SiPipe: prepare the next microbatch's inputs "
@@ -168,8 +170,8 @@ def _make_search_command(method: str, summary: str) -> None:
                                                            "shared-memory slots, no shape messages.")] = True,
         attention_backend: Annotated[str, typer.Option(help="auto (the C++ kernel on CPU, triton on CUDA), "
                                                             "cpu, torch or triton.")] = "auto",
-        cascade: Annotated[bool, typer.Option(help="Shared-prefix (cascade) attention in the cpu "
-                                                   "backend.")] = True,
+        cascade: Annotated[Optional[bool], typer.Option(help="Shared-prefix (cascade) attention (default: on "
+                                                             "in the cpu backend, off in triton).")] = None,
     ) -> None:
         config = SearchConfig(
             method=method, n=n, beam_width=beam_width, num_iterations=num_iterations,
@@ -185,7 +187,7 @@ def _make_search_command(method: str, summary: str) -> None:
         scheduler = SchedulerConfig(policy=scheduler_policy, throttle=ThrottleConfig(
             throttle_iterations, throttle_max_prefill, throttle_min_prefill, throttle_kv_threshold))
         budget_policy(scheduler_policy)  # an unknown name fails now, not after loading the models
-        parallel = ParallelConfig(pp, tuple(_csv(pp_layers, "pp-layers", int) or []) or None,
+        parallel = ParallelConfig(pp, tuple(_csv(pp_layers, "pp-layers", int) or []) or None, pp_transport,
                                   threads_per_stage=threads_per_stage, sample_on_driver=sample_on_driver,
                                   token_safe=token_safe, structure_aware=structure_aware)
         if attention_backend not in ATTENTION_BACKENDS:

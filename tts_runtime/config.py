@@ -84,7 +84,9 @@ class ParallelConfig:
 
     pp_size: int = 1
     pp_layers: tuple[int, ...] | None = None  # layers per stage (generator); None: balanced by cost
-    transport: str = "auto"  # activations between stages: "shm" (the only one built so far)
+    # Activations between stages: "shm" (shared-memory slots) or "gloo" (torch.distributed
+    # point-to-point); auto: shm. NCCL needs stages on GPUs, which the pipeline does not place yet.
+    transport: str = "auto"
     threads_per_stage: int | None = None  # torch threads in each stage (None: cores // pp_size)
     # SiPipe: the last stage returns logits rows and the driver samples them while the
     # stages run the next microbatch (off: the last stage samples and returns tokens).
@@ -102,9 +104,9 @@ class ParallelConfig:
         if self.pp_layers is not None and (len(self.pp_layers) != self.pp_size or min(self.pp_layers) < 1):
             raise ConfigError(f"--pp-layers needs {self.pp_size} positive layer counts (one per stage), "
                               f"got {','.join(map(str, self.pp_layers))}")
-        if self.transport not in ("auto", "shm"):
-            raise ConfigError(f"pipeline transport '{self.transport}' is not available; choose auto or shm "
-                              "(shared memory; a torch.distributed transport is not built yet)")
+        if self.transport not in ("auto", "shm", "gloo"):
+            raise ConfigError(f"pipeline transport '{self.transport}' is not available; choose auto, shm "
+                              "(shared memory) or gloo (torch.distributed)")
         if self.threads_per_stage is not None and self.threads_per_stage < 1:
             raise ConfigError(f"--threads-per-stage must be >= 1, got {self.threads_per_stage}")
 
@@ -153,9 +155,11 @@ class EngineConfig:
     # Torch backend: run decodes in groups of similar context length rather than padding
     # the whole batch to its longest context.
     group_decodes_by_length: bool = True
-    # cpu backend: sequences whose block tables share leading blocks attend to those blocks
-    # once, as one batch of queries, and to their own blocks separately (cascade attention).
-    cascade_attention: bool = True
+    # Sequences whose block tables share leading blocks attend to those blocks once, as one
+    # batch of queries, and to their own blocks separately (cascade attention). None: the
+    # backend's default: on in the cpu kernel (measured), off in triton (not yet measured on
+    # a GPU).
+    cascade_attention: bool | None = None
     # GPU execution switches, honoured on CUDA only (the CPU path stays the eager reference):
     # replay decode steps from CUDA graphs captured at padded batch sizes (triton backend),
     # and run RMSNorm, rotary embedding and the gated activation as fused Triton kernels.

@@ -140,10 +140,10 @@ class TorchAttention:
 
 
 def select_backend(name: str, device: torch.device, group_decodes_by_length: bool = True,
-                   cascade: bool = True) -> AttentionBackend:
+                   cascade: bool | None = None) -> AttentionBackend:
     """`auto`: triton on CUDA; on CPU the in-place C++ kernel (cpu_attention.py), or the torch
     backend with a one-time warning when the kernel cannot be built here. `cascade`:
-    shared-prefix attention in the cpu and triton backends."""
+    shared-prefix attention in the cpu and triton backends (None: on in cpu, off in triton)."""
     if name == "auto":
         name = "triton" if device.type == "cuda" else "cpu"
         if name == "cpu" and kernel_unavailable() is not None:
@@ -159,11 +159,11 @@ def select_backend(name: str, device: torch.device, group_decodes_by_length: boo
         if reason is not None:
             raise ConfigError(f"attention backend 'cpu': the C++ kernel is unavailable ({reason}); "
                               "use --attention-backend torch")
-        return CpuPagedAttention(load_kernel(), cascade, fallback=TorchAttention(group_decodes_by_length))
+        return CpuPagedAttention(load_kernel(), cascade is not False, fallback=TorchAttention(group_decodes_by_length))
     if name == "triton":
         from tts_runtime.executor.triton_attention import TritonAttention
 
-        return TritonAttention()
+        return TritonAttention(cascade=bool(cascade))
     raise ConfigError(f"unknown attention backend '{name}'; choose auto, cpu, torch or triton")
 
 

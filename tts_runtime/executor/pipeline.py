@@ -33,15 +33,15 @@ import zmq
 
 from tts_runtime.config import EngineConfig
 from tts_runtime.executor.batch import ModelInput, ModelOutput, SamplePlan
-from tts_runtime.executor.stage_messages import (Launch, Ready, Shutdown, StageFailure, StageModelSetup,
-                                                 StageResult, StageSetup, TraceDump, TraceRequest)
+from tts_runtime.executor.stage_messages import (STARTUP_SECONDS, Launch, Ready, Shutdown, StageFailure,
+                                                 StageModelSetup, StageResult, StageSetup, TraceDump,
+                                                 TraceRequest)
 from tts_runtime.executor.stage_split import stage_layers
 from tts_runtime.executor.stage_worker import stage_main
 from tts_runtime.models.arch import ArchConfig
 from tts_runtime.models.loader import LoadedModel
 
 _POLL_MS = 100
-_STARTUP_SECONDS = 600  # loading (and, the first time, converting) a model in every stage
 
 
 class PipelineFailure(RuntimeError):
@@ -91,8 +91,9 @@ class PipelineGroup:
         slot_bytes = max(config.scheduler.max_num_batched_tokens * m.arch.hidden_size
                          * torch.empty((), dtype=m.dtype).element_size() for m in models)
         # Boundary b joins stage b to b + 1; one slot per microbatch in flight.
+        shared = parallel.structure_aware and parallel.transport != "gloo"
         slots = [[torch.zeros(slot_bytes, dtype=torch.uint8).share_memory_() for _ in range(pp)]
-                 for _ in range(pp - 1)] if parallel.structure_aware else [[] for _ in range(pp - 1)]
+                 for _ in range(pp - 1)] if shared else [[] for _ in range(pp - 1)]
         self.context = zmq.Context()
         self.results = self.context.socket(zmq.PULL)
         result_port = self.results.bind_to_random_port("tcp://127.0.0.1")
@@ -103,6 +104,7 @@ class PipelineGroup:
             control_ports.append(control.bind_to_random_port("tcp://127.0.0.1"))
             self.controls.append(control)
         link_ports = [_free_port() for _ in range(pp - 1)]
+        gloo = f"tcp://127.0.0.1:{_free_port()}" if parallel.transport == "gloo" else None
         spawn = mp.get_context("spawn")
         self.processes = []
         for stage in range(pp):
@@ -114,7 +116,7 @@ class PipelineGroup:
                 result_address=f"tcp://127.0.0.1:{result_port}",
                 receive_address=f"tcp://127.0.0.1:{link_ports[stage - 1]}" if stage > 0 else None,
                 send_address=f"tcp://127.0.0.1:{link_ports[stage]}" if stage < pp - 1 else None,
-                receive_slots=slots[stage - 1] if stage > 0 else [],
+                gloo_address=gloo, receive_slots=slots[stage - 1] if stage > 0 else [],
                 send_slots=slots[stage] if stage < pp - 1 else [])
             process = spawn.Process(target=stage_main, args=(setup,), daemon=True, name=f"tts-stage-{stage}")
             process.start()
@@ -138,7 +140,7 @@ class PipelineGroup:
     # -- start-up --------------------------------------------------------------------------
     def _await_ready(self) -> None:
         ready: set[int] = set()
-        deadline = time.monotonic() + _STARTUP_SECONDS
+        deadline = time.monotonic() + STARTUP_SECONDS
         while len(ready) < self.pp_size:
             if self.results.poll(_POLL_MS):
                 message = self.results.recv_pyobj()
@@ -152,7 +154,7 @@ class PipelineGroup:
                 raise PipelineFailure(dead)
             if time.monotonic() > deadline:
                 raise PipelineFailure(f"pipeline stages {sorted(set(range(self.pp_size)) - ready)} did not start "
-                                      f"within {_STARTUP_SECONDS} s")
+                                      f"within {STARTUP_SECONDS} s")
 
     # -- launching -------------------------------------------------------------------------
     def can_launch(self) -> bool:

@@ -3,7 +3,7 @@
 Control (driver -> every stage, at launch, before any stage computes): `Launch`,
 `TraceRequest`, `Shutdown`. Results and status (stages -> driver): `Ready`,
 `StageResult` (last stage), `TraceDump`, `StageFailure`. Activations never travel in
-these messages when the transport is structure-aware (see stage_worker.py).
+these messages when the transport is structure-aware (see activation_link.py).
 """
 
 from __future__ import annotations
@@ -14,6 +14,8 @@ import torch
 
 from tts_runtime.config import EngineConfig
 from tts_runtime.executor.batch import ModelInput, ModelOutput, SamplePlan
+
+STARTUP_SECONDS = 600  # loading (and, the first time, converting) a model in every stage
 
 
 @dataclass(frozen=True)
@@ -39,6 +41,7 @@ class StageSetup:
     result_address: str  # to the driver (it connects)
     receive_address: str | None  # activations from the previous stage (it binds)
     send_address: str | None  # activations to the next stage (it connects)
+    gloo_address: str | None = None  # the stages' process group (transport "gloo"), else shared memory
     # Shared-memory activation slots (uint8), slot = microbatch mod pp.
     receive_slots: list[torch.Tensor] = field(default_factory=list)
     send_slots: list[torch.Tensor] = field(default_factory=list)

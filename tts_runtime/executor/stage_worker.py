@@ -33,14 +33,16 @@ from dataclasses import dataclass, replace
 import torch
 import zmq
 
+from tts_runtime.executor.activation_link import ActivationLink, GlooLink, SharedMemoryLink
 from tts_runtime.executor.attention import select_backend
 from tts_runtime.executor.batch import AttentionMetadata, ModelInput, ModelOutput
 from tts_runtime.executor.layer_ops import layer_ops
 from tts_runtime.executor.kv_cache import allocate_kv_cache
 from tts_runtime.executor.local import compute_output_logits
 from tts_runtime.executor.sampler import sample
-from tts_runtime.executor.stage_messages import (Launch, Ready, Shutdown, StageFailure, StageModelSetup,
+from tts_runtime.executor.stage_messages import (STARTUP_SECONDS, Launch, Ready, Shutdown, StageFailure, StageModelSetup,
                                                  StageResult, StageSetup, TraceDump, TraceRequest)
+from tts_runtime.models.decoder import ModelPart
 from tts_runtime.models.loader import load_model
 
 _POLL_MS = 200
@@ -108,16 +110,11 @@ class StageWorker:
         self.control.connect(setup.control_address)
         self.results = self.context.socket(zmq.PUSH)
         self.results.connect(setup.result_address)
-        self.upstream = self.downstream = None
-        if setup.receive_address is not None:
-            self.upstream = self.context.socket(zmq.PULL)
-            self.upstream.bind(setup.receive_address)
-        if setup.send_address is not None:
-            self.downstream = self.context.socket(zmq.PUSH)
-            self.downstream.connect(setup.send_address)
+        self.link = self._link(setup)
         self.models = {spec.key: self._load(spec) for spec in setup.models}
         device = torch.device("cpu")
-        self.backend = select_backend(setup.config.attention_backend, device, setup.config.group_decodes_by_length)
+        self.backend = select_backend(setup.config.attention_backend, device, setup.config.group_decodes_by_length,
+                                      setup.config.cascade_attention)
         self.ops = layer_ops(device, setup.config)
         self.generator = torch.Generator().manual_seed(setup.config.seed)
         self.buffers = [_InputBuffers(), _InputBuffers()]
@@ -125,12 +122,17 @@ class StageWorker:
         self.prepared: queue.Queue = queue.Queue()
         self.events: list[tuple[str, int, int, float, float]] = []
         self.token_safe = parallel.token_safe
-        self.structure_aware = parallel.structure_aware
+
+    def _link(self, setup: StageSetup) -> ActivationLink:
+        if setup.gloo_address is not None:
+            return GlooLink(setup, STARTUP_SECONDS)
+        return SharedMemoryLink(setup, self.context,
+                                lambda socket, copy=True: _receive(socket, setup.parent_pid, copy))
 
     def _load(self, spec: StageModelSetup) -> _StageModel:
-        loaded = load_model(spec.model, spec.dtype, torch.device("cpu"))
+        part = ModelPart(spec.layers, embedding=self.setup.is_first, head=self.setup.is_last)
+        loaded = load_model(spec.model, spec.dtype, torch.device("cpu"), part)
         model = loaded.model
-        model.drop_layers_outside(spec.layers, keep_embedding=self.setup.is_first, keep_head=self.setup.is_last)
         own_layers = replace(loaded.arch, num_layers=len(spec.layers))  # KV for this stage's layers only
         caches = allocate_kv_cache(own_layers, spec.num_blocks, self.setup.config.cache.block_size, spec.dtype,
                                    torch.device("cpu"))
@@ -172,6 +174,7 @@ class StageWorker:
         while True:
             message, version = self._next()
             if isinstance(message, Shutdown):
+                self.link.close()
                 return
             if isinstance(message, TraceRequest):
                 self.results.send_pyobj(TraceDump(self.setup.stage, list(self.events)))
@@ -189,7 +192,8 @@ class StageWorker:
         if self.setup.is_first:
             hidden = stage_model.model.embed(batch.input_ids)
         else:
-            hidden = self._receive_activation(launch, stage_model)
+            hidden = self.link.receive(launch.microbatch, batch.input_ids.shape[0], stage_model.hidden_size,
+                                       stage_model.dtype)
         start = time.perf_counter()
         self.events.append(("wait", launch.microbatch, version, wait, start))
         hidden = stage_model.model.run_layers(hidden, batch.positions, stage_model.kv_caches, batch.meta,
@@ -197,7 +201,7 @@ class StageWorker:
         if self.setup.is_last:
             self.results.send_pyobj(StageResult(launch.microbatch, self._output(stage_model, hidden, launch)))
         else:
-            self._send_activation(launch, hidden)
+            self.link.send(launch.microbatch, hidden)
         self.events.append(("compute", launch.microbatch, version, start, time.perf_counter()))
 
     def _output(self, stage_model: _StageModel, hidden: torch.Tensor, launch: Launch) -> ModelOutput:
@@ -209,33 +213,6 @@ class StageWorker:
         logits = output.sample_logits[plan.logit_rows] if plan.logit_rows else output.sample_logits
         tokens = sample(logits, plan.rows, self.generator) if plan.rows else []
         return ModelOutput(output.sample_logits[:0], output.score_logits, tokens)
-
-    def _slot(self, slots: list[torch.Tensor], launch: Launch, stage_model: _StageModel) -> torch.Tensor:
-        tokens = launch.batch.input_ids.shape[0]
-        size = torch.empty((), dtype=stage_model.dtype).element_size()
-        raw = slots[launch.microbatch % self.setup.pp_size][: tokens * stage_model.hidden_size * size]
-        return raw.view(stage_model.dtype).view(tokens, stage_model.hidden_size)
-
-    def _send_activation(self, launch: Launch, hidden: torch.Tensor) -> None:
-        if self.structure_aware:
-            self._slot(self.setup.send_slots, launch, self.models[launch.model]).copy_(hidden)
-            self.downstream.send(launch.microbatch.to_bytes(8, "little"))
-        else:
-            self.downstream.send_pyobj((launch.microbatch, hidden.clone()))
-
-    def _receive_activation(self, launch: Launch, stage_model: _StageModel) -> torch.Tensor:
-        if self.structure_aware:
-            signal_bytes = _receive(self.upstream, self.setup.parent_pid, copy=False)
-            microbatch, hidden = int.from_bytes(signal_bytes, "little"), None
-        else:
-            microbatch, hidden = _receive(self.upstream, self.setup.parent_pid)
-        if microbatch != launch.microbatch:
-            raise RuntimeError(f"stage {self.setup.stage} expected microbatch {launch.microbatch}, "
-                               f"got {microbatch}: stages must run microbatches in launch order")
-        # The slot of microbatch m is rewritten only by m + pp, which cannot launch before m
-        # has left the last stage: reading it in place is safe.
-        return self._slot(self.setup.receive_slots, launch, stage_model) if hidden is None else hidden
-
 
 def stage_main(setup: StageSetup) -> None:
     """Entry point of a spawned stage process."""

@@ -30,6 +30,7 @@ import triton
 import triton.language as tl
 from triton.runtime.interpreter import InterpretedFunction
 
+from tts_runtime.executor.attention_plan import ROW_TILE, build_plan, shares_blocks
 from tts_runtime.executor.batch import AttentionMetadata
 
 
@@ -258,6 +259,111 @@ def _prefill_kernel(
 _INTERPRETED = isinstance(_decode_kernel, InterpretedFunction)
 
 
+@triton.jit
+def _cascade_kernel(
+    query, k_cache, v_cache, tables, items, rows,
+    part_acc, part_m, part_l,
+    scale, softcap, window,
+    s_qt, s_qh, s_qd,
+    s_cb, s_cs, s_ch, s_cd,
+    s_bt,
+    NUM_HEADS: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
+    USE_WINDOW: tl.constexpr, USE_SOFTCAP: tl.constexpr,
+    BLOCK_R: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    F32_DOT: tl.constexpr, PRECISION: tl.constexpr,
+):
+    """One program per (plan item, kv head, chunk of BLOCK_R of the item's query rows): the
+    item's keys are read once for every row (query token x GQA head) of the tile, and each
+    row's partial softmax is stored under its plan entry for `_cascade_merge_kernel`."""
+    item = tl.program_id(0)
+    kv_head = tl.program_id(1)
+    seq = tl.load(items + item * 5)
+    key_lo = tl.load(items + item * 5 + 1)
+    key_hi = tl.load(items + item * 5 + 2)
+    first = tl.load(items + item * 5 + 3) + tl.program_id(2) * BLOCK_R
+    row_end = tl.load(items + item * 5 + 4)
+    if first < row_end:
+        m_idx = tl.arange(0, BLOCK_R * BLOCK_G)
+        entry = first + m_idx // BLOCK_G
+        g = m_idx % BLOCK_G
+        has_row = entry < row_end
+        heads = kv_head * GROUP + g
+        valid = has_row & (g < GROUP)
+        d = tl.arange(0, BLOCK_D)
+        d_mask = d < HEAD_DIM
+        token = tl.load(rows + entry * 2, mask=has_row, other=0).to(tl.int64)
+        pos = tl.load(rows + entry * 2 + 1, mask=has_row, other=-1)
+        q = tl.load(query + token[:, None] * s_qt + heads[:, None] * s_qh + d[None, :] * s_qd,
+                    mask=valid[:, None] & d_mask[None, :], other=0.0)
+        hi = tl.minimum(key_hi, tl.max(pos, 0) + 1)  # no row sees a key past its own position
+        lo = key_lo
+        if USE_WINDOW:
+            lowest = tl.min(tl.where(has_row, pos, hi), 0)
+            lo = tl.maximum(key_lo, lowest - window + 1)
+
+        table = tables + seq.to(tl.int64) * s_bt
+        kv_off = kv_head * s_ch + d[None, :] * s_cd
+        m_i = tl.full([BLOCK_R * BLOCK_G], float("-inf"), tl.float32)
+        l_i = tl.zeros([BLOCK_R * BLOCK_G], tl.float32)
+        acc = tl.zeros([BLOCK_R * BLOCK_G, BLOCK_D], tl.float32)
+        for tile in range(lo // BLOCK_N, tl.cdiv(hi, BLOCK_N)):
+            j = tile * BLOCK_N + tl.arange(0, BLOCK_N)
+            j_mask = (j >= lo) & (j < hi)
+            block = tl.load(table + j // BLOCK_SIZE, mask=j_mask, other=0).to(tl.int64)
+            offs = (block * s_cb + (j % BLOCK_SIZE) * s_cs)[:, None] + kv_off
+            kv_mask = j_mask[:, None] & d_mask[None, :]
+            k = tl.load(k_cache + offs, mask=kv_mask, other=0.0).to(q.dtype)
+            v = tl.load(v_cache + offs, mask=kv_mask, other=0.0).to(q.dtype)
+
+            s = _scores(q, k, scale, softcap, USE_SOFTCAP, F32_DOT, PRECISION)
+            visible = j_mask[None, :] & (j[None, :] <= pos[:, None])
+            if USE_WINDOW:
+                visible = visible & (j[None, :] > pos[:, None] - window)
+            s = tl.where(visible, s, float("-inf"))
+            # A row may see no key of a tile (or of the whole item): keep its max at -inf
+            # without computing -inf - -inf.
+            m_new = tl.maximum(m_i, tl.max(s, 1))
+            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+            p = tl.exp2(s - m_safe[:, None])
+            alpha = tl.exp2(m_i - m_safe)
+            l_i = l_i * alpha + tl.sum(p, 1)
+            acc = acc * alpha[:, None] + _dot(p.to(v.dtype), v, F32_DOT, PRECISION)
+            m_i = m_new
+
+        row = entry.to(tl.int64) * NUM_HEADS + heads
+        tl.store(part_m + row, m_i, mask=valid)
+        tl.store(part_l + row, l_i, mask=valid)
+        tl.store(part_acc + row[:, None] * BLOCK_D + d[None, :], acc, mask=valid[:, None])
+
+
+@triton.jit
+def _cascade_merge_kernel(
+    part_acc, part_m, part_l, parts_ptr, parts, out,
+    s_ot, s_oh, s_od,
+    NUM_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+):
+    """One program per (token, head): log-sum-exp merge of the token's entries (one per
+    prefix-tree node on its path and key split)."""
+    token = tl.program_id(0)
+    head = tl.program_id(1)
+    d = tl.arange(0, BLOCK_D)
+    m_run = float("-inf")
+    l_run = 0.0
+    acc = tl.zeros([BLOCK_D], tl.float32)
+    for e in range(tl.load(parts_ptr + token), tl.load(parts_ptr + token + 1)):
+        row = tl.load(parts + e).to(tl.int64) * NUM_HEADS + head
+        m_e = tl.load(part_m + row)
+        m_new = tl.maximum(m_run, m_e)
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        w_run = tl.exp2(m_run - m_safe)
+        w_e = tl.exp2(m_e - m_safe)
+        l_run = l_run * w_run + tl.load(part_l + row) * w_e
+        acc = acc * w_run + tl.load(part_acc + row * BLOCK_D + d) * w_e
+        m_run = m_new
+    tl.store(out + token.to(tl.int64) * s_ot + head * s_oh + d * s_od, (acc / l_run).to(out.dtype.element_ty),
+             mask=d < HEAD_DIM)
+
+
 @functools.cache
 def _sm_count(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
@@ -273,16 +379,20 @@ class TritonAttention:
 
     ``decode_splits``: key splits per decode sequence (None: chosen from the batch
     shape and the device's SM count). ``block_m``/``block_n``: override the query/key
-    tile sizes (powers of two >= 16), mainly for tests.
+    tile sizes (powers of two >= 16), mainly for tests. ``cascade``: when a batch holds
+    sequences sharing prefix blocks, run it as the attention plan's items (shared blocks
+    read once for all their sequences, merged by log-sum-exp) instead of the flat kernels.
     """
 
     name = "triton"
 
     def __init__(self, decode_splits: int | None = None, block_m: int | None = None,
-                 block_n: int | None = None) -> None:
+                 block_n: int | None = None, cascade: bool = False) -> None:
         self.decode_splits = decode_splits
         self.block_m = block_m
         self.block_n = block_n
+        self.cascade = cascade
+        self._plan_for: tuple[AttentionMetadata, tuple[torch.Tensor, ...] | None] | None = None
         # Every layer of a forward passes the same chunks: build the prefill tile
         # table (host work and a copy) once per forward, not once per layer.
         self._tiles_for: tuple | None = None  # (key, tiles)
@@ -322,6 +432,10 @@ class TritonAttention:
             # Plain fp32 (the parity dtype) must not silently drop to tf32.
             PRECISION="ieee" if query.dtype == torch.float32 else None,
         )
+        plan = self._cascade_plan(meta, query.shape[0], query.device) if self.cascade else None
+        if plan is not None:
+            self._cascade(query, k_cache, v_cache, plan, out, scalars, constants)
+            return out
         if meta.num_decodes:
             self._decode(query, k_cache, v_cache, meta, out, scalars, constants)
         if meta.num_prefills:
@@ -381,6 +495,43 @@ class TritonAttention:
                 NUM_HEADS=num_heads, HEAD_DIM=head_dim, NUM_SPLITS=splits,
                 BLOCK_S=triton.next_power_of_2(splits), BLOCK_D=block_d,
             )
+
+    # -- cascade -------------------------------------------------------------
+
+    def _cascade_plan(self, meta: AttentionMetadata, num_tokens: int,
+                      device: torch.device) -> tuple[torch.Tensor, ...] | None:
+        """The plan's tensors on the device, once per forward; None when no two sequences
+        share a block (the flat kernels then do the same work with fewer launches)."""
+        if self._plan_for is None or self._plan_for[0] is not meta:
+            on_device = None
+            if shares_blocks(meta):
+                plan = build_plan(meta, num_tokens, cascade=True)
+                on_device = tuple(t.to(device) for t in (plan.tables, plan.items, plan.rows, plan.parts_ptr,
+                                                         plan.parts))
+            self._plan_for = (meta, on_device)
+        return self._plan_for[1]
+
+    def _cascade(self, query, k_cache, v_cache, plan: tuple[torch.Tensor, ...], out, scalars, constants) -> None:
+        tables, items, rows, parts_ptr, parts = plan
+        num_tokens, num_heads, head_dim = query.shape
+        block_d, group = constants["BLOCK_D"], constants["GROUP"]
+        block_g = triton.next_power_of_2(group)
+        block_r = max(1, 64 // block_g)  # 64 query rows (tokens x heads) per tile
+        _, block_n, num_warps = self._tiles(head_dim, query.dtype)
+        entries = rows.shape[0]
+        part_acc = torch.empty(entries, num_heads, block_d, dtype=torch.float32, device=query.device)
+        part_m = torch.empty(entries, num_heads, dtype=torch.float32, device=query.device)
+        part_l = torch.empty_like(part_m)
+        _cascade_kernel[(items.shape[0], k_cache.shape[2], triton.cdiv(ROW_TILE, block_r))](
+            query, k_cache, v_cache, tables, items, rows, part_acc, part_m, part_l, *scalars,
+            *query.stride(), *k_cache.stride(), tables.stride(0),
+            NUM_HEADS=num_heads, BLOCK_R=block_r, BLOCK_G=block_g, BLOCK_N=block_n, num_warps=num_warps,
+            **constants,
+        )
+        _cascade_merge_kernel[(num_tokens, num_heads)](
+            part_acc, part_m, part_l, parts_ptr, parts, out, *out.stride(),
+            NUM_HEADS=num_heads, HEAD_DIM=head_dim, BLOCK_D=block_d,
+        )
 
     def _prefill_tiles(self, meta: AttentionMetadata, block_m: int, device: torch.device) -> torch.Tensor:
         """[num_tiles, 4] int32: (chunk, first query row in the flat batch, rows in the

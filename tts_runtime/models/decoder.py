@@ -9,6 +9,7 @@ has a small classifier (`score`) in place of the LM head: its "columns" are the 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
@@ -82,6 +83,14 @@ class DecoderLayer(nn.Module):
 _REWARD_HEAD_WEIGHTS = ("score.0.weight", "score.0.bias", "score.2.weight", "score.2.bias")
 
 
+@dataclass(frozen=True)
+class ModelPart:
+    """The share of a model one pipeline stage holds."""
+    layers: range
+    embedding: bool  # the first stage embeds the tokens
+    head: bool  # the last stage norms and computes logits
+
+
 class DecoderModel(nn.Module):
     def __init__(self, arch: ArchConfig) -> None:
         super().__init__()
@@ -136,17 +145,29 @@ class DecoderModel(nn.Module):
             x = self.layers[index](x, cos, sin, kv_cache, meta, backend, ops)
         return x
 
-    def drop_layers_outside(self, layers: range, keep_embedding: bool, keep_head: bool) -> None:
+    def drop_layers_outside(self, part: ModelPart) -> None:
         """Free the weights a pipeline stage never runs (other stages' layers; the embedding
-        unless the stage embeds or the head is tied to it; the final norm and head unless last)."""
+        unless the stage embeds or the head is tied to it; the final norm and head unless last).
+        On a meta-device model this happens before any weight is allocated or read."""
         for index in range(len(self.layers)):
-            if index not in layers:
+            if index not in part.layers:
                 self.layers[index] = nn.Identity()
-        if not keep_head:
+        if not part.head:
             self.lm_head = None if self.lm_head is None else nn.Identity()
-            self.score = None
-        if not keep_embedding and not (keep_head and self.lm_head is None):
+        if not part.embedding and not (part.head and self.lm_head is None):
             self.embed_tokens = nn.Identity()
+
+    def hf_names(self) -> set[str] | None:
+        """The checkpoint tensors this (possibly partial) model reads; None: all of them."""
+        if all(isinstance(layer, DecoderLayer) for layer in self.layers):
+            return None
+        names = {f"model.layers.{i}." for i, layer in enumerate(self.layers) if isinstance(layer, DecoderLayer)}
+        names.add("model.norm.weight")
+        if isinstance(self.embed_tokens, nn.Embedding):
+            names.add("model.embed_tokens.weight")
+        if isinstance(self.lm_head, nn.Linear):
+            names.add("lm_head.weight")
+        return names
 
     def compute_logits(self, hidden: torch.Tensor, columns: torch.Tensor | None = None) -> torch.Tensor:
         """Logits for the given rows; `columns` restricts the output layer to those token ids
@@ -176,6 +197,8 @@ class DecoderModel(nn.Module):
             loaded.add(name)
 
         for i in range(self.arch.num_layers):
+            if not isinstance(self.layers[i], DecoderLayer):
+                continue  # another pipeline stage's layer
             p = f"model.layers.{i}."
             attn = p + "self_attn."
             put(f"layers.{i}.self_attn.qkv_proj.weight", torch.cat(
@@ -190,9 +213,10 @@ class DecoderModel(nn.Module):
                 if name.startswith(prefix) and name not in loaded and "qkv_proj" not in name \
                         and "gate_up_proj" not in name:
                     put(name, state["model." + name])
-        put("embed_tokens.weight", state["model.embed_tokens.weight"])
+        if "embed_tokens.weight" in own:
+            put("embed_tokens.weight", state["model.embed_tokens.weight"])
         put("norm.weight", state["model.norm.weight"])
-        if self.lm_head is not None:
+        if "lm_head.weight" in own:
             put("lm_head.weight", state["lm_head.weight"])
         for name in _REWARD_HEAD_WEIGHTS if self.score is not None else ():
             put(name, state[name])

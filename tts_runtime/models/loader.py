@@ -16,11 +16,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors import safe_open
+from safetensors.torch import save_file
 
 from tts_runtime.config import ConfigError
 from tts_runtime.models.arch import ArchConfig, arch_from_hf
-from tts_runtime.models.decoder import DecoderModel
+from tts_runtime.models.decoder import DecoderModel, ModelPart
 from tts_runtime.models.registry import resolve
 
 
@@ -76,30 +77,46 @@ class LoadedModel:
     folder: Path | None
 
 
-def _read_state_dict(folder: Path) -> dict[str, torch.Tensor]:
+def _wanted(key: str, names: set[str] | None) -> bool:
+    """Whether a checkpoint tensor belongs to `names` (whole names or `model.layers.i.` prefixes)."""
+    if names is None or key in names:
+        return True
+    parts = key.split(".")
+    return len(parts) > 3 and parts[1] == "layers" and ".".join(parts[:3]) + "." in names
+
+
+def _read_state_dict(folder: Path, names: set[str] | None) -> dict[str, torch.Tensor]:
+    """The checkpoint's tensors, only those in `names` (a pipeline stage reads its slice only)."""
     files = sorted(folder.glob("*.safetensors"))
     if not files:
         raise ConfigError(f"no .safetensors weights in {folder}")
     state: dict[str, torch.Tensor] = {}
     for f in files:
-        state.update(load_file(str(f)))
+        with safe_open(str(f), framework="pt") as weights:
+            state.update({key: weights.get_tensor(key) for key in weights.keys() if _wanted(key, names)})
     return state
 
 
-def load_model(name: str, dtype: torch.dtype, device: torch.device) -> LoadedModel:
+def load_model(name: str, dtype: torch.dtype, device: torch.device, part: ModelPart | None = None) -> LoadedModel:
+    """A model's weights on `device`; with `part`, only that pipeline stage's share is
+    allocated and read from the checkpoint."""
     resolved = resolve(name)
     folder = model_folder(name)
     if folder is None:
         arch = arch_from_hf(resolved.dummy_config)
         with torch.device(device):
             model = DecoderModel(arch).to(dtype)
+        if part is not None:
+            model.drop_layers_outside(part)
         _randomize(model)
         return LoadedModel(name, arch, model.eval(), None, None)
     arch = arch_from_hf(json.loads((folder / "config.json").read_text()))
     with torch.device("meta"):
         model = DecoderModel(arch)
+    if part is not None:
+        model.drop_layers_outside(part)
     model = model.to_empty(device="cpu")
-    model.load_hf_state_dict(_read_state_dict(folder))
+    model.load_hf_state_dict(_read_state_dict(folder, model.hf_names()))
     model = model.to(device=device, dtype=dtype).eval()
     return LoadedModel(name, arch, model, load_tokenizer(folder), folder)
 

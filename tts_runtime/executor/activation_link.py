@@ -1,0 +1,118 @@
+"""How a stage's output activations reach the next stage (ParallelConfig.transport).
+
+* shm (default): shared-memory slots, one per microbatch in flight (slot = microbatch mod
+  pp); ZeroMQ carries only a ready signal holding the microbatch id. The slot of
+  microbatch m is rewritten only by m + pp, which cannot launch before m has left the last
+  stage, so the receiver reads it in place.
+* gloo: torch.distributed point-to-point between the stage processes (a process group of
+  the pp stages; the driver is not a member). The tensor itself travels over gloo's TCP
+  pairs, after a one-element header holding the microbatch id.
+
+Structure-aware transmission (SiPipe): the receiver sizes the activation from the
+schedule it already holds, so only the microbatch id travels beside the data. Off, every
+transfer also carries the activation's shape (shm: the activation goes as a pickled
+message; gloo: a three-element header).
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Callable, Protocol
+
+import torch
+import torch.distributed as dist
+import zmq
+
+from tts_runtime.executor.stage_messages import StageSetup
+
+Receive = Callable[..., object]  # a blocking ZeroMQ receive that checks the driver is alive
+
+
+class ActivationLink(Protocol):
+    def send(self, microbatch: int, hidden: torch.Tensor) -> None: ...
+
+    def receive(self, microbatch: int, tokens: int, hidden_size: int, dtype: torch.dtype) -> torch.Tensor: ...
+
+
+def _check_order(stage: int, expected: int, got: int) -> None:
+    if got != expected:
+        raise RuntimeError(f"stage {stage} expected microbatch {expected}, got {got}: "
+                           "stages must run microbatches in launch order")
+
+
+class SharedMemoryLink:
+    def __init__(self, setup: StageSetup, context: zmq.Context, receive: Receive) -> None:
+        self.setup = setup
+        self.structure_aware = setup.config.parallel.structure_aware
+        self._receive = receive
+        self.upstream = self.downstream = None
+        if setup.receive_address is not None:
+            self.upstream = context.socket(zmq.PULL)
+            self.upstream.bind(setup.receive_address)
+        if setup.send_address is not None:
+            self.downstream = context.socket(zmq.PUSH)
+            self.downstream.connect(setup.send_address)
+
+    def _slot(self, slots: list[torch.Tensor], microbatch: int, tokens: int, hidden_size: int,
+              dtype: torch.dtype) -> torch.Tensor:
+        size = torch.empty((), dtype=dtype).element_size()
+        raw = slots[microbatch % self.setup.pp_size][: tokens * hidden_size * size]
+        return raw.view(dtype).view(tokens, hidden_size)
+
+    def send(self, microbatch: int, hidden: torch.Tensor) -> None:
+        if self.structure_aware:
+            tokens, hidden_size = hidden.shape
+            self._slot(self.setup.send_slots, microbatch, tokens, hidden_size, hidden.dtype).copy_(hidden)
+            self.downstream.send(microbatch.to_bytes(8, "little"))
+        else:
+            self.downstream.send_pyobj((microbatch, hidden.clone()))
+
+    def receive(self, microbatch: int, tokens: int, hidden_size: int, dtype: torch.dtype) -> torch.Tensor:
+        if self.structure_aware:
+            got = int.from_bytes(self._receive(self.upstream, copy=False), "little")
+            _check_order(self.setup.stage, microbatch, got)
+            return self._slot(self.setup.receive_slots, microbatch, tokens, hidden_size, dtype)
+        got, hidden = self._receive(self.upstream)
+        _check_order(self.setup.stage, microbatch, got)
+        return hidden
+
+    def close(self) -> None:
+        for socket in (self.upstream, self.downstream):
+            if socket is not None:
+                socket.close(linger=0)
+
+
+class GlooLink:
+    """Sends are asynchronous (the stage goes on computing); a send's buffers are kept until
+    the next send to the same stage has been issued and the earlier one has completed."""
+
+    def __init__(self, setup: StageSetup, startup_seconds: float) -> None:
+        self.setup = setup
+        self.structure_aware = setup.config.parallel.structure_aware
+        dist.init_process_group("gloo", init_method=setup.gloo_address, rank=setup.stage,
+                                world_size=setup.pp_size, timeout=timedelta(seconds=startup_seconds))
+        self._in_flight: list[dist.Work] = []
+        self._kept: tuple[torch.Tensor, ...] = ()
+
+    def send(self, microbatch: int, hidden: torch.Tensor) -> None:
+        for work in self._in_flight:
+            work.wait()
+        tokens, hidden_size = hidden.shape
+        header = [microbatch] if self.structure_aware else [microbatch, tokens, hidden_size]
+        self._kept = (torch.tensor(header, dtype=torch.int64), hidden.contiguous())
+        self._in_flight = [dist.isend(tensor, dst=self.setup.stage + 1) for tensor in self._kept]
+
+    def receive(self, microbatch: int, tokens: int, hidden_size: int, dtype: torch.dtype) -> torch.Tensor:
+        source = self.setup.stage - 1
+        header = torch.empty(1 if self.structure_aware else 3, dtype=torch.int64)
+        dist.recv(header, src=source)
+        _check_order(self.setup.stage, microbatch, int(header[0]))
+        if not self.structure_aware:
+            tokens, hidden_size = int(header[1]), int(header[2])
+        hidden = torch.empty(tokens, hidden_size, dtype=dtype)
+        dist.recv(hidden, src=source)
+        return hidden
+
+    def close(self) -> None:
+        # Every send was received: the driver shuts stages down after their last results.
+        dist.destroy_process_group()
