@@ -1,8 +1,8 @@
 """`tts bench pipeline`: the pipelined engine core against one process, side by side.
 
 Variants (`VARIANTS`): PP1 with 1 and with 2 torch threads in the driver, PP2 with the
-sarathi and with the throttle scheduler (one torch thread per stage), and PP2 throttle
-with each SiPipe switch off in turn. Workloads: (a) generate, bench_engine's prompts x new
+sarathi and with the throttle scheduler (one torch thread per stage), PP2 throttle
+with each SiPipe switch off in turn, and PP2 throttle with activations over gloo. Workloads: (a) generate, bench_engine's prompts x new
 tokens at T=0.8 ignoring EOS; (b) score, bench_engine's PRM workload (beams x steps on one
 MATH-500 question, iteration by iteration); (c) search, a short beam search on MATH-500
 problems through `Runtime` (problems/min). Each workload builds its variants once, runs
@@ -54,9 +54,11 @@ class Variant:
     sample_on_driver: bool = True
     token_safe: bool = True
     structure_aware: bool = True
+    transport: str = "auto"
 
     def engine_config(self, cache: CacheConfig = CacheConfig(), attention_backend: str = "auto") -> EngineConfig:
-        parallel = ParallelConfig(self.pp, threads_per_stage=self.threads if self.pp > 1 else None,
+        parallel = ParallelConfig(self.pp, transport=self.transport,
+                                  threads_per_stage=self.threads if self.pp > 1 else None,
                                   sample_on_driver=self.sample_on_driver, token_safe=self.token_safe,
                                   structure_aware=self.structure_aware)
         return EngineConfig(cache=cache, scheduler=SchedulerConfig(policy=self.policy), parallel=parallel,
@@ -76,6 +78,7 @@ VARIANTS = (
     replace(PP2_THROTTLE, label="pp2 throttle, sample_on_driver off", sample_on_driver=False),
     replace(PP2_THROTTLE, label="pp2 throttle, token_safe off", token_safe=False),
     replace(PP2_THROTTLE, label="pp2 throttle, structure_aware off", structure_aware=False),
+    replace(PP2_THROTTLE, label="pp2 throttle, gloo transport", transport="gloo"),
 )
 SWITCH_VARIANTS = tuple(v.label for v in VARIANTS[4:])
 
@@ -464,7 +467,8 @@ def _notes(bench: PipelineBenchConfig, summary: dict) -> list[str]:
         f"{s.max_step_tokens}, on {bench.search_problems} MATH-500 problems through Runtime (generator and PRM "
         "in one pipeline group at PP2).",
         "PP1 runs in the driver with torch.set_num_threads(1 or 2); PP2 runs two stage processes of one torch "
-        "thread each (threads_per_stage=1) and the driver with one thread. The SiPipe switch-off variants run "
+        "thread each (threads_per_stage=1) and the driver with one thread. The SiPipe switch-off variants "
+        "and the gloo-transport variant run "
         "on the generate workload only, after the base variants, each in its own rounds beside the PP2 throttle "
         "pipeline (its reference row): at most two pipelines are alive at once on this 24 GiB shared box.",
         *_switch_notes(summary["workloads"].get("generate", {})),
