@@ -33,12 +33,12 @@ from memory.split import MemoryConfig, parse_size
 from memory.sweep import sweep_memory
 from search.config import SearchConfig
 from search.progress import SearchProgress
-from tts_runtime.config import (ConfigError, EngineConfig, ParallelConfig, SchedulerConfig, ThrottleConfig,
+from tts_runtime.config import (CohostConfig, ConfigError, EngineConfig, ParallelConfig, SchedulerConfig, ThrottleConfig,
                                 resolve_device)
 from tts_runtime.executor.pipeline import PipelineFailure
 from tts_runtime.engine.scheduler import budget_policy
 from tts_runtime.models.registry import ALIASES, BUILTIN_CONFIGS, resolve
-from tts_runtime.runtime import Runtime, check_backend
+from tts_runtime.runtime import Runtime, check_backend, check_cohost
 
 DEFAULT_GENERATOR = "smollm2-135m-instruct"
 DEFAULT_PRM = "gemma3-270m"
@@ -77,6 +77,7 @@ def command(parent: typer.Typer, name: str, **options: Any) -> Callable[[Callabl
 _D = SearchConfig()
 _S = SchedulerConfig()
 _T = ThrottleConfig()
+_C = CohostConfig()
 
 
 def _csv(text: str | None, what: str, cast: Callable[[str], Any]) -> set | None:
@@ -172,6 +173,19 @@ def _make_search_command(method: str, summary: str) -> None:
                                                             "cpu, torch or triton.")] = "auto",
         cascade: Annotated[Optional[bool], typer.Option(help="Shared-prefix (cascade) attention (default: on "
                                                              "in the cpu backend, off in triton).")] = None,
+        phase_policy: Annotated[str, typer.Option(help="alternate (each engine every step) or batched "
+                                                       "(Seesaw: long generator and PRM phases).")] = _C.phase_policy,
+        prm_buffer_tokens: Annotated[int, typer.Option(help="batched: switch to the PRM once this many "
+                                                            "uncached tokens wait for it.")] = _C.prm_buffer_tokens,
+        generator_low_water: Annotated[int, typer.Option(help="batched: switch to the PRM once the generator "
+                                                              "has this few unfinished sequences.")]
+        = _C.generator_low_water,
+        generator_buffer_seqs: Annotated[int, typer.Option(help="batched: back to the generator once this "
+                                                                "many sequences wait for it.")]
+        = _C.generator_buffer_seqs,
+        overlap: Annotated[bool, typer.Option(help="Run the generator's and the PRM's forwards at the same "
+                                                   "time (a worker process each on CPU, a CUDA stream each "
+                                                   "on GPU).")] = _C.overlap,
     ) -> None:
         config = SearchConfig(
             method=method, n=n, beam_width=beam_width, num_iterations=num_iterations,
@@ -195,7 +209,9 @@ def _make_search_command(method: str, summary: str) -> None:
                               f"{', '.join(ATTENTION_BACKENDS)}")
         _run_search_command(config, selection, generator, prm, out, resume, device,
                             _memory_config(device_memory, memory_split, memory_policy), scale, scheduler, parallel,
-                            backend=backend, attention=(attention_backend, cascade))
+                            backend=backend, attention=(attention_backend, cascade),
+                            cohost=CohostConfig(phase_policy, prm_buffer_tokens, generator_low_water,
+                                                generator_buffer_seqs, overlap))
 
     search_command.__doc__ = summary
     command(app, method)(search_command)
@@ -214,7 +230,7 @@ def _run_search_command(config: SearchConfig, selection: dict, generator: str, p
                         resume: bool, device: str, memory: MemoryConfig, scale: ScaleOut | None = None,
                         scheduler: SchedulerConfig = SchedulerConfig(),
                         parallel: ParallelConfig = ParallelConfig(), *, backend: str = "native",
-                        attention: tuple[str, bool] = ("auto", True)) -> None:
+                        attention: tuple[str, bool] = ("auto", True), cohost: CohostConfig = CohostConfig()) -> None:
     problems = load_problems(selection["name"], dataset_path=selection["path"], limit=selection["limit"],
                              levels=set(selection["levels"]) if selection["levels"] else None,
                              ids=set(selection["ids"]) if selection["ids"] else None)
@@ -227,13 +243,14 @@ def _run_search_command(config: SearchConfig, selection: dict, generator: str, p
         resolve(name)
     resolve_device(device)
     check_backend(backend, memory.policy)
+    check_cohost(backend, memory.policy, cohost)
     if backend != "native" and scale is not None:
         raise ConfigError("--backend vllm runs in this process; Ray replicas (--replicas, --ray-address) "
                           "serve the native engine")
     folder = RunFolder.open(out or Path("runs") / f"{config.method}-{time.strftime('%Y%m%d-%H%M%S')}",
                             resume=resume)
     engine_config = EngineConfig(device=device, scheduler=scheduler, parallel=parallel,
-                                 attention_backend=attention[0], cascade_attention=attention[1])
+                                 attention_backend=attention[0], cascade_attention=attention[1], cohost=cohost)
     if scale is not None:
         _run_scaled_command(config, selection, problems, ReplicaSpec(generator, prm, memory, engine_config),
                             folder, scale)
