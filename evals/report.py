@@ -2,7 +2,9 @@
 fsynced as each problem ends) and `metrics.json`.
 
 A killed run loses no finished problem: `--resume` reads `results.jsonl` back, drops a
-last line torn by the kill, and skips the problems already there.
+last line torn by the kill, and skips the problems already there. A problem whose search
+raised has a line with its id and `error` instead of a result; `--resume` searches it
+again (a later result line for the same id supersedes it).
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
-from search.results import ProblemResult
+from search.results import FailedProblem, ProblemResult
 from tts_runtime.config import ConfigError
 
 CONFIG_FILE = "config.json"
@@ -60,7 +62,17 @@ class RunFolder:
 
     # -- results ---------------------------------------------------------------------
     def finished_results(self) -> list[ProblemResult]:
-        """Results already on disk. A torn last line (the run was killed mid-write) is cut off."""
+        """Results already on disk (failure lines left out)."""
+        return [record for record in self._records() if isinstance(record, ProblemResult)]
+
+    def failed_problems(self) -> list[FailedProblem]:
+        """Failure lines of problems that have no result line (not solved by a later session)."""
+        records = self._records()
+        solved = {record.id for record in records if isinstance(record, ProblemResult)}
+        return [record for record in records if isinstance(record, FailedProblem) and record.id not in solved]
+
+    def _records(self) -> list[ProblemResult | FailedProblem]:
+        """Every line of results.jsonl. A torn last line (the run was killed mid-write) is cut off."""
         path = self.path / RESULTS_FILE
         if not path.exists():
             return []
@@ -74,13 +86,14 @@ class RunFolder:
             if not line.strip():
                 continue
             try:
-                results.append(ProblemResult.from_dict(json.loads(line)))
+                row = json.loads(line)
+                results.append(FailedProblem(**row) if "error" in row else ProblemResult.from_dict(row))
             except (json.JSONDecodeError, TypeError) as exc:
                 raise ConfigError(f"{path} line {number} is not a result this version can read ({exc}); "
                                   "start a new run with another --out") from exc
         return results
 
-    def append(self, result: ProblemResult) -> None:
+    def append(self, result: ProblemResult | FailedProblem) -> None:
         if self._results is None:
             self._results = (self.path / RESULTS_FILE).open("a", encoding="utf-8")
         self._results.write(json.dumps(result.to_dict(), ensure_ascii=False) + "\n")

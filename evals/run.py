@@ -1,5 +1,8 @@
 """One evaluation run into a run folder: skip what is already there, search the rest, append
-each result as its problem ends, then write metrics over every finished problem."""
+each result as its problem ends, then write metrics over every finished problem.
+
+A problem whose search raises does not end the run: its line in results.jsonl holds its id
+and the error, metrics.json counts it under `failed`, and `--resume` searches it again."""
 
 from __future__ import annotations
 
@@ -16,7 +19,7 @@ from search.driver import run_search
 from search.prm import check_prm_head
 from search.problem import Problem
 from search.progress import SearchProgress
-from search.results import ProblemResult
+from search.results import FailedProblem, ProblemResult
 from search.score_cache import ScoreCache
 from search.session import prm_format_name
 from tts_runtime.config import ConfigError
@@ -28,6 +31,7 @@ class RunOutcome:
     metrics: dict[str, Any]
     previous: list[ProblemResult]  # finished by an earlier, resumed session
     new: list[ProblemResult] = field(default_factory=list)
+    failed: list[FailedProblem] = field(default_factory=list)  # this session's failures
 
 
 def check_models(runtime: Runtime, config: SearchConfig) -> None:
@@ -60,6 +64,12 @@ def run_config(runtime: Runtime, config: SearchConfig, dataset: dict[str, Any],
     }
 
 
+def failed_metrics(failed: Sequence[FailedProblem]) -> dict[str, Any]:
+    """metrics.json's `failed`: problems of this session whose search raised (not in the
+    accuracy; `--resume` retries them)."""
+    return {"count": len(failed), "problems": [failure.to_dict() for failure in failed]}
+
+
 def split_finished(folder: RunFolder, problems: Sequence[Problem]) -> tuple[list[ProblemResult], list[Problem]]:
     """(results of these problems already in the folder, the problems still to solve)."""
     wanted = {problem.id for problem in problems}
@@ -81,12 +91,18 @@ def run_into_folder(runtime: Runtime, problems: Sequence[Problem], config: Searc
         if on_result is not None:
             on_result(result)
 
+    def record_failure(problem: Problem, exc: Exception) -> None:
+        failure = FailedProblem.of(problem, exc)
+        folder.append(failure)
+        outcome.failed.append(failure)
+
     cache = ScoreCache()
     before = RunCounters.read(runtime, cache)
     cohost_before = runtime.cohost_counters()
     start = time.perf_counter()
     try:
-        run_search(runtime, todo, config, on_result=record, cache=cache, progress=progress)
+        run_search(runtime, todo, config, on_result=record, cache=cache, progress=progress,
+                   on_failure=record_failure)
     finally:
         folder.close()
     seconds = time.perf_counter() - start
@@ -95,5 +111,6 @@ def run_into_folder(runtime: Runtime, problems: Sequence[Problem], config: Searc
     cohost = None if cohost_after is None else (cohost_after - cohost_before).report(seconds, runtime.cohost)
     outcome.metrics = run_metrics(previous + outcome.new, outcome.new, seconds, work, runtime.memory_metrics(),
                                   cohost)
+    outcome.metrics["failed"] = failed_metrics(outcome.failed)
     folder.write_metrics(outcome.metrics)
     return outcome

@@ -27,6 +27,7 @@ from tts_runtime.runtime import Runtime
 
 SEARCHES = {"beam": beam_search, "bon": best_of_n, "dvts": dvts}
 ResultCallback = Callable[[ProblemResult], None]
+FailureCallback = Callable[[Problem, Exception], None]
 
 
 async def solve(steps: StepBackend, problem: Problem) -> ProblemResult:
@@ -39,14 +40,27 @@ async def solve(steps: StepBackend, problem: Problem) -> ProblemResult:
 async def arun_search(runtime: Runtime, problems: Sequence[Problem], config: SearchConfig, *,
                       on_result: ResultCallback | None = None,
                       cache: ScoreCache | None = None,
-                      progress: SearchProgress | None = None) -> list[ProblemResult]:
+                      progress: SearchProgress | None = None,
+                      on_failure: FailureCallback | None = None) -> list[ProblemResult]:
     """Search every problem; `on_result` sees each result as its problem ends (in finishing
-    order); the returned list is in problem order. `progress` shows the searches in flight."""
+    order); the returned list is in problem order. `progress` shows the searches in flight.
+    An exception in one problem's search ends the run, unless `on_failure` is given: then
+    that problem is handed to it, left out of the returned list, and the others go on (an
+    error of the engines themselves still ends the run)."""
     session = SearchSession(runtime, config, cache)
     slots = asyncio.Semaphore(config.problem_batch)
     live = progress if progress is not None else SearchProgress()
 
-    async def one(problem: Problem) -> ProblemResult:
+    async def one(problem: Problem) -> ProblemResult | None:
+        try:
+            return await searched(problem)
+        except Exception as exc:
+            if on_failure is None:
+                raise
+            on_failure(problem, exc)
+            return None
+
+    async def searched(problem: Problem) -> ProblemResult:
         async with slots:
             steps = session.steps_for(problem)
             live.in_flight[problem.id] = steps.counts
@@ -73,7 +87,7 @@ async def arun_search(runtime: Runtime, problems: Sequence[Problem], config: Sea
     finally:
         # On an error, stop the other searches instead of leaving them waiting forever.
         _cancel(tasks)
-    return await everything
+    return [result for result in await everything if result is not None]
 
 
 def _cancel(tasks: list[asyncio.Future]) -> None:
@@ -84,6 +98,7 @@ def _cancel(tasks: list[asyncio.Future]) -> None:
 def run_search(runtime: Runtime, problems: Sequence[Problem], config: SearchConfig, *,
                on_result: ResultCallback | None = None,
                cache: ScoreCache | None = None,
-               progress: SearchProgress | None = None) -> list[ProblemResult]:
+               progress: SearchProgress | None = None,
+               on_failure: FailureCallback | None = None) -> list[ProblemResult]:
     return asyncio.run(arun_search(runtime, problems, config, on_result=on_result, cache=cache,
-                                   progress=progress))
+                                   progress=progress, on_failure=on_failure))

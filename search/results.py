@@ -66,6 +66,23 @@ class ProblemResult:
         return cls(**{**row, "beams": beams})
 
 
+@dataclass
+class FailedProblem:
+    """A problem whose search raised. Its line in results.jsonl says so (`error`), the run
+    goes on with the other problems, and `--resume` searches it again."""
+
+    id: str
+    level: int | None
+    error: str  # one line: the exception's type and message
+
+    @classmethod
+    def of(cls, problem: Problem, exc: BaseException) -> FailedProblem:
+        return cls(problem.id, problem.level, f"{type(exc).__name__}: {' '.join(str(exc).split())}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
 def summarize(problem: Problem, beams: list[Beam], config: SearchConfig, counts: StepCounts,
               seconds: float) -> ProblemResult:
     records = [
