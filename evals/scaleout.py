@@ -8,9 +8,9 @@ it arrives, and writes config.json and metrics.json like a one-process run
 (evals/run.py), so `--resume` and every reader of a run folder work unchanged.
 
 Faults: a replica that dies is restarted once by Ray and its in-flight problems go back
-on the queue; a problem that fails twice is listed under `scaleout.failed` in
-metrics.json with its error, and a later `--resume` tries it again (it is not in
-results.jsonl). Killing the driver loses no finished problem: they are fsynced one by
+on the queue; a problem that fails twice gets a failure line in results.jsonl (its id
+and error, as a one-process run writes for a search that raised), is listed under
+`failed` and `scaleout.failed` in metrics.json, and a later `--resume` tries it again. Killing the driver loses no finished problem: they are fsynced one by
 one; the local Ray cluster dies with the driver.
 
 This is a driver module: only the CLI and memory/sweep.py import it.
@@ -30,9 +30,10 @@ from evals.datasets import Problem
 from evals.metrics import EngineCounters, RunCounters, run_metrics
 from evals.ray_pool import ReplicaInfo, ReplicaPool, ScaleOut, WorkItem, ray_cluster
 from evals.report import RunFolder
-from evals.run import RunOutcome, run_config, split_finished
+from evals.run import RunOutcome, failed_metrics, run_config, split_finished
 from memory.split import MemoryConfig
 from search import ProblemResult, ScoreCache, SearchConfig, arun_search
+from search.results import FailedProblem
 from tts_runtime.config import EngineConfig
 from tts_runtime.runtime import Runtime
 
@@ -124,6 +125,7 @@ def run_scaled(spec: ReplicaSpec, problems: Sequence[Problem], config: SearchCon
     previous, todo = split_finished(folder, problems)
     outcome = RunOutcome({}, previous)
     failed: list[dict[str, str]] = []
+    levels = {problem.id: problem.level for problem in todo}
     with ray_cluster(scale):
         pool = ReplicaPool(SearchReplica, (spec, config, scale.threads_per_replica), scale,
                            per_replica=config.problem_batch)
@@ -138,6 +140,9 @@ def run_scaled(spec: ReplicaSpec, problems: Sequence[Problem], config: SearchCon
             try:
                 for item in pool.run("solve", [WorkItem(problem.id, (problem,)) for problem in todo]):
                     if item.error is not None:
+                        failure = FailedProblem(item.key, levels[item.key], item.error)
+                        folder.append(failure)
+                        outcome.failed.append(failure)
                         failed.append({"id": item.key, "error": item.error})
                         continue
                     folder.append(item.value)
@@ -154,5 +159,6 @@ def run_scaled(spec: ReplicaSpec, problems: Sequence[Problem], config: SearchCon
     outcome.metrics = run_metrics(previous + outcome.new, outcome.new, seconds,
                                   _sum_counters([counters for counters, _ in reports]), memory)
     outcome.metrics["scaleout"] = {**pool.stats(), "startup_seconds": startup, "failed": failed}
+    outcome.metrics["failed"] = failed_metrics(outcome.failed)
     folder.write_metrics(outcome.metrics)
     return outcome

@@ -33,6 +33,7 @@ from memory.split import MemoryConfig, parse_size
 from memory.sweep import sweep_memory
 from search.config import SearchConfig
 from search.progress import SearchProgress
+from search.results import FailedProblem
 from tts_runtime.config import (CohostConfig, ConfigError, EngineConfig, ParallelConfig, SchedulerConfig, ThrottleConfig,
                                 resolve_device)
 from tts_runtime.executor.pipeline import PipelineFailure
@@ -272,6 +273,7 @@ def _run_search_command(config: SearchConfig, selection: dict, generator: str, p
         raise typer.Exit(130) from None
     finally:
         runtime.shutdown()
+    _print_failures(outcome.failed)
     _print_summary(outcome.metrics, folder.path)
 
 
@@ -300,9 +302,7 @@ def _run_scaled_command(config: SearchConfig, selection: dict, problems: list, s
                           f"--out {shlex.quote(str(folder.path))}")
             raise typer.Exit(130) from None
     scaleout = outcome.metrics["scaleout"]
-    for failure in scaleout["failed"]:
-        console.print(f"failed twice, not in results.jsonl (--resume retries it): {failure['id']}: "
-                      f"{failure['error']}")
+    _print_failures(outcome.failed)
     if scaleout["retries"] or scaleout["replica_restarts"]:
         console.print(f"{scaleout['retries']} problem(s) re-queued; {scaleout['replica_restarts']} replica(s) "
                       f"restarted, {scaleout['replicas_lost']} lost")
@@ -374,6 +374,11 @@ def _result_line(result, done: int, total: int) -> str:
     return (f"[{done}/{total}] {result.id} (level {result.level}): {verdict}, answer {result.prediction} "
             f"(reference {result.reference}); {result.iterations} iterations, "
             f"{result.generated_tokens} tokens, {result.seconds:.1f} s")
+
+
+def _print_failures(failed: list[FailedProblem]) -> None:
+    for failure in failed:
+        console.print(f"failed, its error is in results.jsonl (--resume retries it): {failure.id}: {failure.error}")
 
 
 def _print_summary(metrics: dict, folder: Path) -> None:
