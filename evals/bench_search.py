@@ -29,11 +29,13 @@ from search.config import SearchConfig
 from search.driver import run_search
 from search.problem import Problem
 from search.score_cache import ScoreCache
+from tts_runtime.config import EngineConfig
 from tts_runtime.runtime import Runtime
 
 _ZERO = RunCounters(EngineCounters(), EngineCounters(), 0, 0)
 _BATCH_ONE = "tts-batch-1"
 _TTS_VLLM, _SAL_VLLM = "tts-vllm", "sal-vllm"
+_TORCH_ATTENTION = "tts-torch-attention"
 # (key in a side's measurement, label, format)
 _ROWS = (
     ("problems_per_min", "problems/min", "{:.2f}"),
@@ -56,6 +58,10 @@ class SearchBench:
     baseline: bool = True
     out_dir: Path = Path("docs/benchmarks")
     vllm: bool = False  # add tts on vLLM and search-and-learn's vLLM + HF configuration (evals/bench_vllm.py)
+    batch_one: bool = True  # tts at problem batch 1 beside it (the engine's share of the speed-up)
+    # tts with the torch attention backend beside it: decode attention that copies every
+    # context out of the paged cache, as before the in-place kernel (issue 15's "before").
+    torch_attention: bool = False
 
 
 @dataclass
@@ -128,7 +134,12 @@ def bench_search(bench: SearchBench, *, command: Sequence[str],
     runtime = Runtime(bench.generator, bench.prm, memory=bench.memory)
     variants = {"tts": _logged(log, f"tts (problem batch {config.problem_batch})",
                                lambda: _measure_tts(runtime, problems, config))}
-    if config.problem_batch > 1:
+    if bench.torch_attention:
+        before = Runtime(bench.generator, bench.prm, memory=bench.memory,
+                         engine_config=EngineConfig(attention_backend="torch"))
+        variants[_TORCH_ATTENTION] = _logged(log, "tts, torch attention backend",
+                                             lambda: _measure_tts(before, problems, config))
+    if config.problem_batch > 1 and bench.batch_one:
         # The engine alone, one problem at a time like the baseline: splits the speed-up into
         # the engine's share and problem batching's.
         one = SearchConfig(**{**config.to_dict(), "problem_batch": 1})
@@ -145,6 +156,8 @@ def bench_search(bench: SearchBench, *, command: Sequence[str],
         rounds.run(variants, bench.rounds)
     finally:
         runtime.shutdown()
+        if bench.torch_attention:
+            before.shutdown()
         if stop_vllm is not None:
             stop_vllm()
     data = {
@@ -159,6 +172,10 @@ def bench_search(bench: SearchBench, *, command: Sequence[str],
         data["ratio"] = {label: {key: _ratio(data["median"][label][key], data["median"]["baseline"][key])
                                  for key in ("problems_per_min", "generator_tokens_per_s", "prm_tokens_per_s")}
                          for label in rounds.runs if label != "baseline"}
+    if _TORCH_ATTENTION in rounds.runs:
+        data["ratio_to_torch_attention"] = {
+            key: _ratio(data["median"]["tts"][key], data["median"][_TORCH_ATTENTION][key])
+            for key in ("problems_per_min", "generator_tokens_per_s", "prm_tokens_per_s")}
     if _SAL_VLLM in rounds.runs:
         # search-and-learn on vLLM is the configuration users run today: the baseline to beat.
         data["ratio_to_sal_vllm"] = {label: _ratio(data["median"][label]["problems_per_min"],
@@ -181,7 +198,8 @@ def _markdown(data: dict[str, Any]) -> str:
     ratios = data.get("ratio", {})
     header = {"tts": f"tts (batch {config['problem_batch']})", _BATCH_ONE: "tts (batch 1)", "baseline": "HF baseline",
               _TTS_VLLM: f"tts on vLLM (batch {config['problem_batch']})",
-              _SAL_VLLM: "search-and-learn: vLLM generator, HF PRM"}
+              _SAL_VLLM: "search-and-learn: vLLM generator, HF PRM",
+              _TORCH_ATTENTION: f"tts, torch attention (batch {config['problem_batch']})"}
     ratio_labels = [label for label in labels if label in ratios]
     lines = [
         "# Search benchmark: tts vs plain HF beam search",
@@ -213,6 +231,7 @@ def _markdown(data: dict[str, Any]) -> str:
         f"({cache['hits']} hits, {cache['misses']} misses). Last round, batch {config['problem_batch']}.",
         "",
         *_sal_vllm_lines(data, header),
+        *_torch_attention_lines(data),
         "Machine: " + ", ".join(f"{k} {v}" for k, v in data["machine"].items() if v is not None) + ". "
         "Versions: " + ", ".join(f"{k} {v}" for k, v in data["versions"].items()) + ".",
         "",
@@ -233,6 +252,16 @@ def _sal_vllm_lines(data: dict[str, Any], header: dict[str, str]) -> list[str]:
     cells = ", ".join(f"{header[label]} {_times(ratio)}" for label, ratio in ratios.items())
     return [f"Problems/min against search-and-learn's configuration (generator on vLLM, PRM on HF re-encoding, "
             f"one problem at a time; vLLM settings in docs/vllm.md): {cells}.", ""]
+
+
+def _torch_attention_lines(data: dict[str, Any]) -> list[str]:
+    ratios = data.get("ratio_to_torch_attention")
+    if not ratios:
+        return []
+    return ["tts (in-place CPU attention kernel, cascade on) over tts with the torch attention backend (each "
+            "context copied out of the paged cache per layer and step): problems/min "
+            f"{_times(ratios['problems_per_min'])}, generator tokens/s {_times(ratios['generator_tokens_per_s'])}, "
+            f"PRM tokens/s {_times(ratios['prm_tokens_per_s'])}.", ""]
 
 
 def _times(ratio: float | None) -> str:

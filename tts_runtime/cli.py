@@ -187,6 +187,13 @@ def _make_search_command(method: str, summary: str) -> None:
         overlap: Annotated[bool, typer.Option(help="Run the generator's and the PRM's forwards at the same "
                                                    "time (a worker process each on CPU, a CUDA stream each "
                                                    "on GPU).")] = _C.overlap,
+        speculative_extension: Annotated[bool, typer.Option(help="Beam search: a beam whose step finished "
+                                                                 "starts its next step while the others "
+                                                                 "finish (FastTTS); same decisions.")]
+        = _D.speculative_extension,
+        speculative_max_tokens: Annotated[Optional[int], typer.Option(help="Cap of one speculative step "
+                                                                           "(default: the step cap).")]
+        = _D.speculative_max_tokens,
     ) -> None:
         config = SearchConfig(
             method=method, n=n, beam_width=beam_width, num_iterations=num_iterations,
@@ -194,7 +201,8 @@ def _make_search_command(method: str, summary: str) -> None:
             aggregation=aggregation, filter_duplicates=filter_duplicates, sort_completed=sort_completed,
             eos_sampling=eos_sampling, pad_completed=pad_completed, survivor_order=survivor_order,
             vote_aggregation=vote_aggregation, vote_ties=vote_ties, prm_format=prm_format,
-            problem_batch=problem_batch, seed=seed)
+            problem_batch=problem_batch, seed=seed, speculative_extension=speculative_extension,
+            speculative_max_tokens=speculative_max_tokens)
         selection = {"name": dataset, "path": dataset_path, "limit": limit,
                      "levels": sorted(_csv(levels, "levels", int) or []) or None,
                      "ids": sorted(_csv(ids, "ids", str) or []) or None}
@@ -457,6 +465,10 @@ def bench_search_command(
     out_dir: Annotated[Path, typer.Option(help="Where search.json and search.md go.")] = Path("docs/benchmarks"),
     backend: Annotated[str, typer.Option(help="vllm: also tts on vLLM and search-and-learn's configuration "
                                               "(generator on vLLM, PRM on HF re-encoding).")] = "native",
+    batch_one: Annotated[bool, typer.Option(help="Also tts at problem batch 1.")] = True,
+    torch_attention: Annotated[bool, typer.Option(help="Also tts with the torch attention backend (copies "
+                                                       "each context out of the cache: the before of the "
+                                                       "in-place kernel).")] = False,
 ) -> None:
     """Beam search, tts vs the plain HF baseline, side by side on the first N MATH-500 problems
     (writes search.json and search.md to --out-dir)."""
@@ -466,7 +478,8 @@ def bench_search_command(
                           seed=seed, prm_format=prm_format)
     bench = SearchBench(config=config, limit=limit, generator=generator, prm=prm, dataset_path=dataset_path,
                         memory=_memory_config(device_memory, 0.3, "static"), rounds=rounds, baseline=baseline,
-                        out_dir=out_dir, vllm=backend == "vllm")
+                        out_dir=out_dir, vllm=backend == "vllm", batch_one=batch_one,
+                        torch_attention=torch_attention)
     report = bench_search(bench, command=["tts", *sys.argv[1:]], log=console.print)
     typer.echo(report.markdown)
 
@@ -493,6 +506,49 @@ def bench_scaleout_command(
                        EngineConfig(device="cpu"))
     path = bench_scaleout(ScaleoutBench(spec, config, limit, rounds, dataset_path),
                           command=["tts", *sys.argv[1:]], log=console.print)
+    typer.echo(path.read_text())
+
+
+@command(bench_app, "cohost")
+def bench_cohost_command(
+    limit: Annotated[int, typer.Option(help="First N MATH-500 problems.")] = 20,
+    n: Annotated[int, typer.Option()] = 4,
+    beam_width: Annotated[int, typer.Option()] = 4,
+    num_iterations: Annotated[int, typer.Option()] = 5,
+    max_step_tokens: Annotated[int, typer.Option()] = 96,
+    max_tokens: Annotated[int, typer.Option(help="Token cap of the last iteration's run to the end.")] = 256,
+    problem_batch: Annotated[int, typer.Option(help="Searches in flight.")] = 8,
+    seed: Annotated[int, typer.Option()] = _D.seed,
+    rounds: Annotated[int, typer.Option(help="Alternating rounds of every variant; medians.")] = 2,
+    variants: Annotated[str, typer.Option(help="Comma-separated, alternate first: alternate, batched, "
+                                               "overlap, batched + overlap.")]
+    = "alternate,batched,overlap,batched + overlap",
+    prm_buffer_tokens: Annotated[int, typer.Option(help="Batched variants' PRM buffer.")] = _C.prm_buffer_tokens,
+    generator_low_water: Annotated[int, typer.Option()] = _C.generator_low_water,
+    generator_buffer_seqs: Annotated[int, typer.Option()] = _C.generator_buffer_seqs,
+    dataset_path: Annotated[Optional[str], typer.Option()] = None,
+    device: Annotated[str, typer.Option(help="auto, cpu, cuda ...")] = "auto",
+    device_memory: Annotated[Optional[str], typer.Option(help="Memory budget for both models.")] = "3GiB",
+) -> None:
+    """Phase policy (alternate vs batched) and overlap (off vs on), side by side on beam search:
+    problems/min, batch sizes, phase transitions, busy fractions (writes cohost.json/md)."""
+    from evals.bench_cohost import BASELINE, VARIANTS, CohostBench, bench_cohost
+
+    chosen = [name.strip() for name in variants.split(",") if name.strip()]
+    unknown = [name for name in chosen if name not in VARIANTS]
+    if unknown or not chosen or chosen[0] != BASELINE:
+        raise ConfigError(f"--variants takes a comma-separated list starting with {BASELINE}, from "
+                          f"{', '.join(VARIANTS)}; got '{variants}'")
+    config = SearchConfig(method="beam", n=n, beam_width=beam_width, num_iterations=num_iterations,
+                          max_step_tokens=max_step_tokens, max_tokens=max_tokens, problem_batch=problem_batch,
+                          seed=seed)
+    thresholds = CohostConfig(prm_buffer_tokens=prm_buffer_tokens, generator_low_water=generator_low_water,
+                              generator_buffer_seqs=generator_buffer_seqs)
+    resolve_device(device)
+    bench = CohostBench(config=config, limit=limit, rounds=rounds, dataset_path=dataset_path,
+                        memory=_memory_config(device_memory, 0.3, "static"), device=device,
+                        thresholds=thresholds, variants=tuple(chosen))
+    path = bench_cohost(bench, command=["tts", *sys.argv[1:]], log=console.print)
     typer.echo(path.read_text())
 
 
@@ -569,6 +625,37 @@ def bench_pipeline_command(
                                  attention_backend=attention_backend, out_dir=out_dir)
     report = bench_pipeline(config, command=shlex.join(["tts", *sys.argv[1:]]), log=console.print)
     typer.echo(report.markdown_path.read_text())
+
+
+@command(bench_app, "speculation")
+def bench_speculation_command(
+    limit: Annotated[int, typer.Option(help="First N MATH-500 problems.")] = 20,
+    n: Annotated[int, typer.Option()] = 4,
+    beam_width: Annotated[int, typer.Option()] = 4,
+    num_iterations: Annotated[int, typer.Option()] = 5,
+    max_step_tokens: Annotated[int, typer.Option()] = 96,
+    max_tokens: Annotated[int, typer.Option(help="Token cap of the last iteration's run to the end.")] = 256,
+    problem_batch: Annotated[int, typer.Option(help="Searches in flight.")] = 8,
+    temperature: Annotated[float, typer.Option()] = _D.temperature,
+    seed: Annotated[int, typer.Option()] = _D.seed,
+    speculative_max_tokens: Annotated[Optional[int], typer.Option(help="Cap of one speculative step.")] = None,
+    rounds: Annotated[int, typer.Option(help="Alternating rounds (off, on); medians.")] = 2,
+    dataset_path: Annotated[Optional[str], typer.Option()] = None,
+    device: Annotated[str, typer.Option(help="auto, cpu, cuda ...")] = "auto",
+    device_memory: Annotated[Optional[str], typer.Option(help="Memory budget for both models.")] = "3GiB",
+) -> None:
+    """Speculative beam extension off vs on, side by side on beam search: problems/min, goodput,
+    speculative tokens kept and discarded (writes docs/benchmarks/speculation.json/md)."""
+    from evals.bench_speculation import SpeculationBench, bench_speculation
+
+    config = SearchConfig(method="beam", n=n, beam_width=beam_width, num_iterations=num_iterations,
+                          max_step_tokens=max_step_tokens, max_tokens=max_tokens, problem_batch=problem_batch,
+                          temperature=temperature, seed=seed, speculative_max_tokens=speculative_max_tokens)
+    resolve_device(device)
+    bench = SpeculationBench(config=config, limit=limit, rounds=rounds, dataset_path=dataset_path,
+                             memory=_memory_config(device_memory, 0.3, "static"), device=device)
+    path = bench_speculation(bench, command=["tts", *sys.argv[1:]], log=console.print)
+    typer.echo(path.read_text())
 
 
 command(app, "sweep-memory")(sweep_memory)
