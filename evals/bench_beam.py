@@ -67,6 +67,14 @@ def beam_prompts(loaded: LoadedModel, count: int, target: int) -> list[list[int]
     return prompts
 
 
+def _blocks_needed(config: BeamBenchConfig) -> int:
+    """The workload's KV blocks and a quarter more: three engines and HF and vLLM share a
+    24 GiB machine, and the default 1 GiB pool per engine is several times what this needs."""
+    block = CacheConfig().block_size
+    per_prompt = -(-config.prompt_tokens // block) + config.n * (-(-config.new_tokens // block) + 1)
+    return int(config.prompts * per_prompt * 1.25)
+
+
 def _tts(engine: Engine, prompts: list[list[int]], config: BeamBenchConfig) -> dict:
     params = SamplingParams(temperature=0.8, n=config.n, max_tokens=config.new_tokens, ignore_eos=True)
     outputs = engine.generate(prompts, params)
@@ -111,8 +119,8 @@ def bench_beam(config: BeamBenchConfig) -> tuple[SideBySide, dict[str, str]]:
     for label, meaning, switches in TTS_VARIANTS:
         # Prefix caching off: every repetition prefills its prompts like the first (the forks
         # of a prompt still share its blocks).
-        engine = Engine(config.generator, EngineConfig(cache=CacheConfig(enable_prefix_caching=False), **switches),
-                        loaded=loaded)
+        cache = CacheConfig(enable_prefix_caching=False, num_blocks=_blocks_needed(config))
+        engine = Engine(config.generator, EngineConfig(cache=cache, **switches), loaded=loaded)
         _tts(engine, [p[:64] for p in prompts], BeamBenchConfig(new_tokens=2))  # warm-up
         variants[label] = lambda e=engine: _tts(e, prompts, config)
         labels[label] = meaning
