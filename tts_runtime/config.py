@@ -166,6 +166,11 @@ class EngineConfig:
     cuda_graphs: bool = True
     compile: bool = True
 
+    def __post_init__(self) -> None:
+        if self.cache.host_kv_bytes and self.parallel.pp_size > 1:
+            raise ConfigError("--host-kv-memory needs --pp 1: the host KV tier copies blocks in the driver's "
+                              "process, and pipeline stages hold the KV; drop one of the two")
+
 
 def resolve_device(device: str) -> torch.device:
     if device == "auto":

@@ -189,9 +189,15 @@ class BlockManager:
         if self.host_tier is None:
             return 0
         bs, loaded = self.block_size, []
+        chain = {self._by_hash[h] for h in block_hashes if h in self._by_hash}
+        for block_id in chain & self._free_cached.keys():  # most recent: evicted after other blocks
+            self._free_cached.move_to_end(block_id)
         for i, h in enumerate(block_hashes):
             if h in self._by_hash:
                 continue
+            # Never evict this chain's own device blocks to make room for its next one.
+            if not self._free_uncached and (not self._free_cached or next(iter(self._free_cached)) in chain):
+                break
             block_id = self._load_from_host(h, block_hashes[i - 1] if i else ROOT_HASH,
                                             tuple(token_ids[i * bs:(i + 1) * bs]), reserve)
             if block_id is None:

@@ -113,6 +113,8 @@ class Engine(BlockingCalls):
                                    usable_blocks=kv.usable if kv is not None else None)
         self.scheduler = Scheduler(self.config.scheduler, self.blocks, self.config.parallel.pp_size)
         self.executor = executor or build_executor(self.loaded, self.config, self.num_blocks, kv)
+        self.host_kv = TieredKV.attach(self.blocks, self.executor, cache,
+                                       bytes_per_block(self.arch, self.block_size, self.dtype))
         self._in_flight: deque[_Microbatch] = deque()
         self._microbatches = 0
         self.stats = EngineStats()
@@ -142,6 +144,7 @@ class Engine(BlockingCalls):
             **self.stats.as_dict(),
             "prefix_queries": blocks.prefix_queries, "prefix_hits": blocks.prefix_hits,
             "prefix_hit_rate": blocks.prefix_hits / blocks.prefix_queries if blocks.prefix_queries else 0.0,
+            "host_hits": blocks.host_hits,
             "evictions": blocks.evictions, "preemptions": self.scheduler.num_preemptions,
             "blocks_total": self.num_blocks, "blocks_in_use": self.blocks.num_used_blocks,
             "blocks_cached_free": self.blocks.num_cached_free_blocks, "blocks_free": self.blocks.num_free_blocks,
@@ -293,6 +296,8 @@ class Engine(BlockingCalls):
         while (limit is None or launched < limit) and len(self._in_flight) < self.executor.depth \
                 and self.executor.can_launch():
             batch = self.scheduler.schedule(self._microbatches)
+            if self.host_kv is not None:  # even with nothing to run: no copy waits across steps
+                self.host_kv.before_forward()
             if batch.empty:
                 break
             self._microbatches += 1
@@ -302,6 +307,8 @@ class Engine(BlockingCalls):
                 seq.in_flight = True
             self.busy.start()
             future = self.executor.submit(model_input, plan if self.executor.samples else None)
+            if self.host_kv is not None:
+                self.host_kv.after_launch(self.scheduler)
             future.add_done_callback(self.busy.stop)
             self._in_flight.append(_Microbatch(layout, plan, future))
             launched += 1
@@ -457,4 +464,6 @@ class Engine(BlockingCalls):
         return self.tokenizer.decode(ids, skip_special_tokens=True)
 
     def shutdown(self) -> None:
+        if self.host_kv is not None:
+            self.host_kv.finish()
         self.executor.shutdown()

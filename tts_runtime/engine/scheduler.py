@@ -197,21 +197,19 @@ class Scheduler:
 
     def prefetch(self) -> int:
         """Swap in, one step ahead, the host tier's prefix blocks of the waiting sequences at
-        the head of the queue that fit the next step's token budget and sequence cap.
-        Leaves a free block per running sequence for its next token. Returns blocks loaded."""
+        the head of the queue, as many as one step's token budget admits (they are next
+        whenever a running sequence makes room). Leaves a free block per running sequence
+        for its next token. Returns blocks loaded."""
         blocks = self.blocks
         if blocks.host_tier is None:
             return 0
-        budget, room, loaded = self.config.max_num_batched_tokens, self.config.max_num_seqs - len(self.running), 0
+        budget, loaded = self.config.max_num_batched_tokens, 0
         for seq in self.waiting:
-            if budget <= 0 or room <= 0:
+            if budget <= 0:
                 break
-            if seq.num_computed_tokens or seq.block_table:
-                continue
             hashes = self._waiting_hashes(seq)
             loaded += blocks.prefetch(seq.token_ids, hashes, reserve=len(self.running))
             budget -= seq.num_tokens - blocks.block_size * blocks.num_cached_prefix_blocks(hashes)
-            room -= 1
         return loaded
 
     def _lane_decodes(self, microbatch: int) -> list[Sequence]:
