@@ -16,6 +16,7 @@ from tts_runtime.engine.batch_builder import BatchLayout, build_model_input
 from tts_runtime.engine.block_manager import ROOT_HASH, BlockManager
 from tts_runtime.engine.detokenizer import IncrementalDetokenizer
 from tts_runtime.engine.events import BlockEventListener
+from tts_runtime.engine.host_tier import TieredKV
 from tts_runtime.engine.request import CompletionOutput, RequestOutput, SamplingParams, ScoreParams
 from tts_runtime.executor.sampler import SamplingRow, child_seed, sample
 from tts_runtime.engine.scheduler import Scheduler
