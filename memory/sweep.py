@@ -50,7 +50,7 @@ from search.config import SearchConfig
 from search.driver import run_search
 from search.prm import default_format_for, make_prm_format
 from search.prompts import PromptBuilder
-from tts_runtime.config import ConfigError, EngineConfig, SchedulerConfig, resolve_device, resolve_dtype
+from tts_runtime.config import CacheConfig, ConfigError, EngineConfig, SchedulerConfig, resolve_device, resolve_dtype
 from tts_runtime.engine.engine import RequestError
 from tts_runtime.models.loader import LoadedModel, load_model
 from tts_runtime.runtime import Runtime, profile_models
@@ -449,6 +449,7 @@ def sweep_memory(
     prm_format: Annotated[Optional[str], typer.Option(help="PRM input format (default: the PRM's own)")] = None,
     seed: Annotated[int, typer.Option(help="search seed")] = 42,
     max_num_batched_tokens: Annotated[int, typer.Option(help="engine token budget per step")] = 2048,
+    host_kv_memory: Annotated[str, typer.Option(help="host KV tier per model, e.g. 2GiB (0: off)")] = "0",
     repeats: Annotated[int, typer.Option(help="round-robin repeats; numbers are medians (a setting that cannot run is run once)")] = 1,
     out: Annotated[Optional[Path], typer.Option(help="sweep folder (default runs/sweep-<time>)")] = None,
     markdown: Annotated[Optional[Path], typer.Option(help="also write a benchmark report here")] = None,
@@ -465,7 +466,8 @@ def sweep_memory(
                           eos_sampling=False)
     memory = MemoryConfig(device_memory=parse_size(device_memory) if device_memory else None,
                           utilization=utilization)
-    engine_config = EngineConfig(device=device, scheduler=SchedulerConfig(max_num_batched_tokens=max_num_batched_tokens))
+    engine_config = EngineConfig(device=device, scheduler=SchedulerConfig(max_num_batched_tokens=max_num_batched_tokens),
+                                 cache=CacheConfig(host_kv_bytes=parse_size(host_kv_memory)))
     if repeats < 1:
         raise ConfigError(f"repeats must be >= 1, got {repeats}")
     parallel = None

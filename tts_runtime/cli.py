@@ -34,8 +34,8 @@ from memory.sweep import sweep_memory
 from search.config import SearchConfig
 from search.progress import SearchProgress
 from search.results import FailedProblem
-from tts_runtime.config import (CohostConfig, ConfigError, EngineConfig, ParallelConfig, SchedulerConfig, ThrottleConfig,
-                                resolve_device)
+from tts_runtime.config import (CacheConfig, CohostConfig, ConfigError, EngineConfig, ParallelConfig,
+                                SchedulerConfig, ThrottleConfig, resolve_device)
 from tts_runtime.executor.pipeline import PipelineFailure
 from tts_runtime.engine.scheduler import budget_policy
 from tts_runtime.models.registry import ALIASES, BUILTIN_CONFIGS, resolve
@@ -194,6 +194,13 @@ def _make_search_command(method: str, summary: str) -> None:
         speculative_max_tokens: Annotated[Optional[int], typer.Option(help="Cap of one speculative step "
                                                                            "(default: the step cap).")]
         = _D.speculative_max_tokens,
+        host_kv_memory: Annotated[str, typer.Option(help="Host KV tier per model, e.g. 2GiB: evicted prefix "
+                                                         "blocks wait there and are swapped back in instead "
+                                                         "of recomputed (0: off).")] = "0",
+        host_kv_prefetch: Annotated[bool, typer.Option(help="Host KV tier: swap in the blocks of requests "
+                                                            "about to be admitted one step ahead.")] = True,
+        prefix_aware_order: Annotated[bool, typer.Option(help="Admit waiting requests that share a prefix "
+                                                              "together (FastTTS).")] = _S.prefix_aware_order,
     ) -> None:
         config = SearchConfig(
             method=method, n=n, beam_width=beam_width, num_iterations=num_iterations,
@@ -208,7 +215,8 @@ def _make_search_command(method: str, summary: str) -> None:
                      "ids": sorted(_csv(ids, "ids", str) or []) or None}
         scale = _scale_out(replicas, ray_address, threads_per_replica, device)
         scheduler = SchedulerConfig(policy=scheduler_policy, throttle=ThrottleConfig(
-            throttle_iterations, throttle_max_prefill, throttle_min_prefill, throttle_kv_threshold))
+            throttle_iterations, throttle_max_prefill, throttle_min_prefill, throttle_kv_threshold),
+            prefix_aware_order=prefix_aware_order)
         budget_policy(scheduler_policy)  # an unknown name fails now, not after loading the models
         parallel = ParallelConfig(pp, tuple(_csv(pp_layers, "pp-layers", int) or []) or None, pp_transport,
                                   threads_per_stage=threads_per_stage, sample_on_driver=sample_on_driver,
@@ -220,10 +228,23 @@ def _make_search_command(method: str, summary: str) -> None:
                             _memory_config(device_memory, memory_split, memory_policy), scale, scheduler, parallel,
                             backend=backend, attention=(attention_backend, cascade),
                             cohost=CohostConfig(phase_policy, prm_buffer_tokens, generator_low_water,
-                                                generator_buffer_seqs, overlap))
+                                                generator_buffer_seqs, overlap),
+                            cache=CacheConfig(host_kv_bytes=parse_size(host_kv_memory),
+                                              host_kv_prefetch=host_kv_prefetch))
 
     search_command.__doc__ = summary
     command(app, method)(search_command)
+
+
+def check_host_tier(cache: CacheConfig, backend: str, cohost: CohostConfig) -> None:
+    """The host KV tier copies blocks of KV held in this process: one-line errors where it is not."""
+    if not cache.host_kv_bytes:
+        return
+    if backend != "native":
+        raise ConfigError("--host-kv-memory is a native-engine feature; drop it with --backend vllm")
+    if cohost.overlap:
+        raise ConfigError("--host-kv-memory needs the KV cache in this process; --overlap moves each model's "
+                          "forward (and KV) to a worker: drop one of the two")
 
 
 def _scale_out(replicas: int | None, ray_address: str | None, threads: int, device: str) -> ScaleOut | None:
@@ -239,7 +260,8 @@ def _run_search_command(config: SearchConfig, selection: dict, generator: str, p
                         resume: bool, device: str, memory: MemoryConfig, scale: ScaleOut | None = None,
                         scheduler: SchedulerConfig = SchedulerConfig(),
                         parallel: ParallelConfig = ParallelConfig(), *, backend: str = "native",
-                        attention: tuple[str, bool] = ("auto", True), cohost: CohostConfig = CohostConfig()) -> None:
+                        attention: tuple[str, bool] = ("auto", True), cohost: CohostConfig = CohostConfig(),
+                        cache: CacheConfig = CacheConfig()) -> None:
     problems = load_problems(selection["name"], dataset_path=selection["path"], limit=selection["limit"],
                              levels=set(selection["levels"]) if selection["levels"] else None,
                              ids=set(selection["ids"]) if selection["ids"] else None)
@@ -253,6 +275,7 @@ def _run_search_command(config: SearchConfig, selection: dict, generator: str, p
     resolve_device(device)
     check_backend(backend, memory.policy)
     check_cohost(backend, memory.policy, cohost)
+    check_host_tier(cache, backend, cohost)
     if backend != "native" and scale is not None:
         raise ConfigError("--backend vllm runs in this process; Ray replicas (--replicas, --ray-address) "
                           "serve the native engine")
