@@ -281,7 +281,7 @@ def _run_search_command(config: SearchConfig, selection: dict, generator: str, p
                           "serve the native engine")
     folder = RunFolder.open(out or Path("runs") / f"{config.method}-{time.strftime('%Y%m%d-%H%M%S')}",
                             resume=resume)
-    engine_config = EngineConfig(device=device, scheduler=scheduler, parallel=parallel,
+    engine_config = EngineConfig(cache=cache, device=device, scheduler=scheduler, parallel=parallel,
                                  attention_backend=attention[0], cascade_attention=attention[1], cohost=cohost)
     if scale is not None:
         _run_scaled_command(config, selection, problems, ReplicaSpec(generator, prm, memory, engine_config),
