@@ -575,6 +575,49 @@ def bench_cohost_command(
     typer.echo(path.read_text())
 
 
+@command(bench_app, "cohost")
+def bench_cohost_command(
+    limit: Annotated[int, typer.Option(help="First N MATH-500 problems.")] = 20,
+    n: Annotated[int, typer.Option()] = 4,
+    beam_width: Annotated[int, typer.Option()] = 4,
+    num_iterations: Annotated[int, typer.Option()] = 5,
+    max_step_tokens: Annotated[int, typer.Option()] = 96,
+    max_tokens: Annotated[int, typer.Option(help="Token cap of the last iteration's run to the end.")] = 256,
+    problem_batch: Annotated[int, typer.Option(help="Searches in flight.")] = 8,
+    seed: Annotated[int, typer.Option()] = _D.seed,
+    rounds: Annotated[int, typer.Option(help="Alternating rounds of every variant; medians.")] = 2,
+    variants: Annotated[str, typer.Option(help="Comma-separated, alternate first: alternate, batched, "
+                                               "overlap, batched + overlap.")]
+    = "alternate,batched,overlap,batched + overlap",
+    prm_buffer_tokens: Annotated[int, typer.Option(help="Batched variants' PRM buffer.")] = _C.prm_buffer_tokens,
+    generator_low_water: Annotated[int, typer.Option()] = _C.generator_low_water,
+    generator_buffer_seqs: Annotated[int, typer.Option()] = _C.generator_buffer_seqs,
+    dataset_path: Annotated[Optional[str], typer.Option()] = None,
+    device: Annotated[str, typer.Option(help="auto, cpu, cuda ...")] = "auto",
+    device_memory: Annotated[Optional[str], typer.Option(help="Memory budget for both models.")] = "3GiB",
+) -> None:
+    """Phase policy (alternate vs batched) and overlap (off vs on), side by side on beam search:
+    problems/min, batch sizes, phase transitions, busy fractions (writes cohost.json/md)."""
+    from evals.bench_cohost import BASELINE, VARIANTS, CohostBench, bench_cohost
+
+    chosen = [name.strip() for name in variants.split(",") if name.strip()]
+    unknown = [name for name in chosen if name not in VARIANTS]
+    if unknown or not chosen or chosen[0] != BASELINE:
+        raise ConfigError(f"--variants takes a comma-separated list starting with {BASELINE}, from "
+                          f"{', '.join(VARIANTS)}; got '{variants}'")
+    config = SearchConfig(method="beam", n=n, beam_width=beam_width, num_iterations=num_iterations,
+                          max_step_tokens=max_step_tokens, max_tokens=max_tokens, problem_batch=problem_batch,
+                          seed=seed)
+    thresholds = CohostConfig(prm_buffer_tokens=prm_buffer_tokens, generator_low_water=generator_low_water,
+                              generator_buffer_seqs=generator_buffer_seqs)
+    resolve_device(device)
+    bench = CohostBench(config=config, limit=limit, rounds=rounds, dataset_path=dataset_path,
+                        memory=_memory_config(device_memory, 0.3, "static"), device=device,
+                        thresholds=thresholds, variants=tuple(chosen))
+    path = bench_cohost(bench, command=["tts", *sys.argv[1:]], log=console.print)
+    typer.echo(path.read_text())
+
+
 @command(bench_app, "engine")
 def bench_engine_command(
     num_prompts: Annotated[int, typer.Option(help="Generate workload: prompts.")] = 64,

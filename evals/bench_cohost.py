@@ -1,0 +1,137 @@
+"""`tts bench cohost`: how the co-hosted pair is driven, side by side on one beam-search
+workload (issue 13 parts 2 and 3).
+
+Variants: today's alternation (each engine every runtime step), batched phases (Seesaw's
+transition-minimising rule), overlapped forwards (a worker process per engine on CPU, a
+CUDA stream each on a GPU), and both. Every variant runs the same problems with the same
+seeds, in alternating rounds (A, B, C, D, A, B ...), medians reported: problems/min, each
+engine's mean batch (sequences per forward), phase transitions, each engine's busy fraction
+(time with a forward in flight over the search's wall time), and whether the predictions
+equal the alternating baseline's. A runtime is built for each run (overlap needs its own
+worker processes) from models loaded once; building it is outside the timing.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from evals.bench import SideBySide, write_report
+from evals.datasets import load_problems
+from memory.split import MemoryConfig
+from search.config import SearchConfig
+from search.driver import run_search
+from search.problem import Problem
+from tts_runtime.config import CohostConfig, EngineConfig, resolve_device, resolve_dtype
+from tts_runtime.models.loader import LoadedModel, load_model
+from tts_runtime.overlap import worker_threads
+from tts_runtime.runtime import Runtime
+
+BASELINE = "alternate"
+VARIANTS: dict[str, dict[str, Any]] = {  # label: CohostConfig fields
+    BASELINE: {},
+    "batched": {"phase_policy": "batched"},
+    "overlap": {"overlap": True},
+    "batched + overlap": {"phase_policy": "batched", "overlap": True},
+}
+
+
+@dataclass
+class CohostBench:
+    config: SearchConfig
+    limit: int = 20
+    rounds: int = 2
+    generator: str = "smollm2-135m-instruct"
+    prm: str = "gemma3-270m"
+    dataset_path: str | None = None
+    memory: MemoryConfig = field(default_factory=MemoryConfig)
+    device: str = "auto"
+    thresholds: CohostConfig = field(default_factory=CohostConfig)  # the batched variants' buffers
+    variants: tuple[str, ...] = tuple(VARIANTS)
+
+
+def _measure(bench: CohostBench, models: tuple[LoadedModel, LoadedModel], problems: Sequence[Problem],
+             cohost: CohostConfig) -> dict[str, Any]:
+    runtime = Runtime(*models, memory=bench.memory, engine_config=EngineConfig(device=bench.device, cohost=cohost))
+    try:
+        before = runtime.cohost_counters()
+        start = time.perf_counter()
+        results = run_search(runtime, problems, bench.config)
+        seconds = time.perf_counter() - start
+        report = (runtime.cohost_counters() - before).report(seconds, cohost)
+    finally:
+        runtime.shutdown()
+    gen, prm = report["generator"], report["prm"]
+    return {"seconds": seconds, "problems_per_min": 60 * len(results) / seconds,
+            "generator_batch": gen["mean_batch_seqs"], "prm_batch": prm["mean_batch_seqs"],
+            "prm_batch_tokens": prm["mean_batch_tokens"], "generator_forwards": gen["forwards"],
+            "prm_forwards": prm["forwards"], "transitions": report["phase_transitions"],
+            "generator_busy": gen["busy_fraction"], "prm_busy": prm["busy_fraction"],
+            "predictions": {r.id: r.prediction for r in results}}
+
+
+def bench_cohost(bench: CohostBench, *, command: Sequence[str], log: Callable[[str], None]) -> Path:
+    problems = load_problems("math500", dataset_path=bench.dataset_path, limit=bench.limit)
+    device = resolve_device(bench.device)
+    log(f"loading {bench.generator} + {bench.prm} ...")
+    models = tuple(load_model(name, resolve_dtype("auto", device), device) for name in (bench.generator, bench.prm))
+    side = SideBySide("cohost")
+
+    def variant(label: str) -> Callable[[], dict]:
+        cohost = CohostConfig(**{**vars(bench.thresholds), **VARIANTS[label]})
+
+        def run() -> dict:
+            row = _measure(bench, models, problems, cohost)
+            log(f"  {label}: {row['problems_per_min']:.2f} problems/min ({row['seconds']:.0f} s), "
+                f"{row['transitions']} transitions, busy generator {row['generator_busy']:.0%} "
+                f"PRM {row['prm_busy']:.0%}")
+            return row
+        return run
+
+    side.run({label: variant(label) for label in bench.variants}, bench.rounds)
+    rows = [_row(side, label, len(problems)) for label in bench.variants]
+    summary = {"problems": len(problems), "rounds": bench.rounds, "search": bench.config.to_dict(),
+               "thresholds": vars(bench.thresholds), "device": str(device),
+               "torch_threads": torch.get_num_threads(),
+               **{f"speedup {row['variant']}": row["speedup"] for row in rows if row["variant"] != BASELINE}}
+    config = bench.config
+    notes = [f"{len(problems)} MATH-500 problems, beam search n={config.n} M={config.beam_width}, "
+             f"{config.num_iterations} iterations, step cap {config.max_step_tokens} tokens, last-iteration cap "
+             f"{config.max_tokens}, problem batch {config.problem_batch}, T={config.temperature}, seed {config.seed}; "
+             f"{bench.rounds} alternating rounds, medians.",
+             "batch = sequences per forward (mean); transitions = forwards of the other engine than the one "
+             "before; busy = time with a forward of that engine in flight (launch to result) over the "
+             "search's wall time (overlapped engines can both be near 100%).",
+             "overlap on CPU: a worker process per engine, each with half the cores; without overlap one "
+             "process runs both models on all cores (the threads column). On a loaded machine a 2-thread "
+             "process can lose much more to oversubscription than two 1-thread ones, which flatters overlap "
+             "beyond what running the engines at once gives: compare on an idle machine.",
+             f"Batched-phase thresholds: PRM buffer {bench.thresholds.prm_buffer_tokens} tokens, generator low "
+             f"water {bench.thresholds.generator_low_water}, generator buffer "
+             f"{bench.thresholds.generator_buffer_seqs} sequences.",
+             "The machine may be shared with other work: ratios from alternating rounds, not absolute times, "
+             "are the result."]
+    return write_report("cohost", "Co-hosting the pair: phase policy and overlapped generator + PRM",
+                        " ".join(command), summary, rows, notes)
+
+
+def _row(side: SideBySide, label: str, problems: int) -> dict[str, Any]:
+    runs, baseline = side.runs[label], side.runs[BASELINE]
+    same = min(sum(run["predictions"][pid] == ref["predictions"][pid] for pid in ref["predictions"])
+               for run, ref in zip(runs, baseline))
+    median = side.median
+    threads = (f"{worker_threads(EngineConfig())} per worker" if VARIANTS[label].get("overlap")
+               else f"{torch.get_num_threads()} in one process")
+    return {"variant": label, "threads": threads, "problems_per_min": median(label, "problems_per_min"),
+            "speedup": median(label, "problems_per_min") / median(BASELINE, "problems_per_min"),
+            "generator_batch": median(label, "generator_batch"), "prm_batch": median(label, "prm_batch"),
+            "prm_batch_tokens": median(label, "prm_batch_tokens"),
+            "transitions": median(label, "transitions"),
+            "generator_busy": median(label, "generator_busy"), "prm_busy": median(label, "prm_busy"),
+            "same_prediction_as_alternate": f"{same}/{problems}",
+            "problems_per_min_each_round": [round(run["problems_per_min"], 3) for run in runs]}
