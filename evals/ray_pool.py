@@ -12,7 +12,8 @@ restarting replica gets no new work until a `ready()` call on it returns; a repl
 restart failed too is dropped, and if none is left the remaining items fail.
 
 `ray_cluster` joins `--ray-address` or starts a small local cluster for the run (no
-dashboard, a small object store: the results are a few KB each).
+dashboard, a small object store: the results are a few KB each), reachable on 127.0.0.1
+only: nothing of a one-machine run listens on the machine's network address.
 """
 
 from __future__ import annotations
@@ -22,11 +23,12 @@ import socket
 import time
 from collections import deque
 from collections.abc import Iterable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
 import ray
+import ray._private.ray_constants as ray_constants
 from ray.exceptions import ActorUnavailableError, RayError, RayTaskError
 
 from tts_runtime.config import ConfigError
@@ -35,6 +37,7 @@ ATTEMPTS = 2  # a work item runs at most twice
 _LOCAL_OBJECT_STORE = 100 << 20
 _READY_TIMEOUT_S = 1800.0  # first model load dequantizes GGUF files: minutes on a slow CPU
 _REPING_S = 0.5
+_LOOPBACK = "127.0.0.1"
 
 
 @dataclass(frozen=True)
@@ -67,11 +70,16 @@ def ray_cluster(scale: ScaleOut) -> Iterator[None]:
         return
     try:
         if scale.address:
-            ray.init(address=scale.address, include_dashboard=False, configure_logging=False)
+            # A cluster on the loopback address (a test's, another run's) is joined there too.
+            loopback = scale.address.split(":")[0] in (_LOOPBACK, "localhost")
+            with _single_node() if loopback else nullcontext():
+                ray.init(address=scale.address, include_dashboard=False, configure_logging=False)
         else:
-            ray.init(num_cpus=scale.replicas * scale.threads_per_replica,
-                     num_gpus=scale.replicas * scale.gpus_per_replica or None,
-                     include_dashboard=False, object_store_memory=_LOCAL_OBJECT_STORE, configure_logging=False)
+            with _single_node():
+                ray.init(num_cpus=scale.replicas * scale.threads_per_replica,
+                         num_gpus=scale.replicas * scale.gpus_per_replica or None,
+                         include_dashboard=False, object_store_memory=_LOCAL_OBJECT_STORE, configure_logging=False,
+                         _node_ip_address=_LOOPBACK)
     except (ConnectionError, ValueError, RuntimeError) as exc:
         raise ConfigError(f"cannot start or join the Ray cluster{' at ' + scale.address if scale.address else ''}: "
                           f"{exc}") from None
@@ -79,6 +87,22 @@ def ray_cluster(scale: ScaleOut) -> Iterator[None]:
         yield
     finally:
         ray.shutdown()
+
+
+@contextmanager
+def _single_node() -> Iterator[None]:
+    """Let a cluster started (or joined) now live on 127.0.0.1. `_node_ip_address="127.0.0.1"`
+    alone is not enough, nor is joining "127.0.0.1:port": Ray turns a loopback address into
+    the machine's IP (services.resolve_ip_for_localhost) unless multi-node clusters are off,
+    the switch `RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0` sets when Ray is imported
+    (ray_constants.ENABLE_RAY_CLUSTER, read on every address lookup). It is off only while
+    ray.init runs; the GCS, raylet and workers then keep the loopback address."""
+    saved = ray_constants.ENABLE_RAY_CLUSTER
+    ray_constants.ENABLE_RAY_CLUSTER = False
+    try:
+        yield
+    finally:
+        ray_constants.ENABLE_RAY_CLUSTER = saved
 
 
 def _check_room(scale: ScaleOut) -> None:

@@ -19,7 +19,7 @@ import ray
 from typer.testing import CliRunner
 
 from evals.datasets import load_problems
-from evals.ray_pool import ReplicaPool, ScaleOut
+from evals.ray_pool import ReplicaPool, ScaleOut, ray_cluster
 from evals.report import METRICS_FILE, RESULTS_FILE, RunFolder
 from evals.run import RunOutcome
 from evals.scaleout import ReplicaSpec, run_scaled
@@ -40,15 +40,25 @@ CLI_TINY = ["--n", "2", "--beam-width", "2", "--num-iterations", "2", "--max-ste
 
 @pytest.fixture(scope="module")
 def cluster() -> str:
-    """A 2-CPU local cluster for this module; yields its address for drivers in subprocesses."""
+    """A 2-CPU local cluster for this module, started as a run starts one; yields its address
+    for drivers in subprocesses."""
     # The shared development box runs close to its memory limit because of other work;
     # Ray's memory monitor would then kill replicas that are well within their own share.
     os.environ.setdefault("RAY_memory_monitor_refresh_ms", "0")
-    ray.init(num_cpus=2, include_dashboard=False, object_store_memory=100 << 20, configure_logging=False)
-    try:
+    assert not ray.is_initialized()
+    with ray_cluster(ScaleOut(replicas=2)):
         yield ray.get_runtime_context().gcs_address
-    finally:
-        ray.shutdown()
+
+
+def test_local_cluster_listens_on_loopback_only(cluster):
+    assert cluster.startswith("127.0.0.1:")
+    assert {node["NodeManagerAddress"] for node in ray.nodes()} == {"127.0.0.1"}
+
+    @ray.remote(num_cpus=1)
+    def node_ip() -> str:
+        return ray.util.get_node_ip_address()
+
+    assert ray.get(node_ip.remote()) == "127.0.0.1"
 
 
 @pytest.fixture(scope="module")
