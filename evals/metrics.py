@@ -92,8 +92,21 @@ def throughput(results: Sequence[ProblemResult], seconds: float, work: RunCounte
         "prm_tokens": sum(r.prm_tokens for r in results),
         "prm_tokens_per_s": per_s(sum(r.prm_tokens for r in results)),
         "prefix_hit_rate": {"generator": work.generator.prefix_hit_rate, "prm": work.prm.prefix_hit_rate},
+        "speculation": speculation(results, seconds),
         "score_cache": {"hits": work.cache_hits, "misses": work.cache_misses, "hit_rate": work.cache_hit_rate},
         "engine": {"generator": vars(work.generator), "prm": vars(work.prm)},
+    }
+
+
+def speculation(results: Sequence[ProblemResult], seconds: float) -> dict[str, Any]:
+    """Speculative beam extension: tokens of speculative steps, kept (used by the search) and
+    discarded; goodput counts only tokens the search used (discarded speculation is waste)."""
+    useful = sum(r.generated_tokens for r in results)
+    return {
+        "tokens": sum(r.speculative_tokens for r in results),
+        "kept_tokens": sum(r.speculative_kept_tokens for r in results),
+        "discarded_tokens": sum(r.speculative_discarded_tokens for r in results),
+        "goodput_tokens_per_s": useful / seconds if seconds > 0 else 0.0,
     }
 
 

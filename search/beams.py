@@ -9,6 +9,7 @@ both run exactly the same search code.
 from __future__ import annotations
 
 import hashlib
+from array import array
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -70,6 +71,14 @@ def split_steps(text: str) -> list[str]:
     return [step for step in steps if step.strip()]
 
 
+def step_seed(run_seed: int, problem_id: str, iteration: int, beam: Beam) -> int:
+    """The seed of the request that extends `beam` at `iteration`. It is keyed by the beam's
+    tokens, not by its place in the iteration's list: a speculative next step, started
+    before selection decides that list, then samples exactly what the step would."""
+    digest = hashlib.blake2b(array("q", beam.token_ids).tobytes(), digest_size=16).hexdigest()
+    return derive_seed(run_seed, problem_id, iteration, digest)
+
+
 def derive_seed(*parts: object) -> int:
     """A 63-bit seed from (run seed, problem id, iteration, beam index): stable across
     processes (unlike hash() of a str) and independent of what else shares a batch."""
@@ -87,6 +96,11 @@ class StepCounts:
     prm_requests: int = 0
     iterations: int = 0
     completed_beams: int = 0  # beam search: beams that completed (0: the result holds survivors)
+    # Speculative beam extension: tokens of speculative steps, split into those the search
+    # used (also in generated_tokens) and those dropped (extra generator work).
+    speculative_tokens: int = 0
+    speculative_kept_tokens: int = 0
+    speculative_discarded_tokens: int = 0
 
 
 class StepBackend(Protocol):

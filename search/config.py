@@ -55,6 +55,12 @@ class SearchConfig:
     # Searches in flight at once; their requests share the engines' batches.
     problem_batch: int = 8
     seed: int = 42
+    # FastTTS's speculative beam extension (beam search; search/speculation.py): a beam whose
+    # step finished starts its next step at once, kept if the beam survives selection,
+    # aborted if not. `speculative_max_tokens` caps one speculative step (None: the step's
+    # own cap); a speculation cut short by it is discarded and the step generated anew.
+    speculative_extension: bool = False
+    speculative_max_tokens: int | None = None
 
     def __post_init__(self) -> None:
         checks = [
@@ -69,6 +75,11 @@ class SearchConfig:
             (self.max_step_tokens >= 1, f"max_step_tokens must be >= 1, got {self.max_step_tokens}"),
             (self.max_tokens >= 1, f"max_tokens must be >= 1, got {self.max_tokens}"),
             (self.problem_batch >= 1, f"problem batch must be >= 1, got {self.problem_batch}"),
+            (not self.speculative_extension or self.method == "beam",
+             f"speculative extension applies to beam search only, not '{self.method}'; "
+             "drop --speculative-extension"),
+            (self.speculative_max_tokens is None or self.speculative_max_tokens >= 1,
+             f"speculative_max_tokens must be >= 1, got {self.speculative_max_tokens}"),
         ]
         for ok, message in checks:
             if not ok:

@@ -67,6 +67,7 @@ async def arun_search(runtime: Runtime, problems: Sequence[Problem], config: Sea
             try:
                 result = await solve(steps, problem)
             finally:
+                steps.close()
                 live.in_flight.pop(problem.id, None)
             session.cache.drop_problem(problem.id)
         if on_result is not None:

@@ -56,6 +56,11 @@ class ProblemResult:
     # (search-and-learn fails there).
     completed_beams: int = 0
     seconds: float = 0.0
+    # Speculative beam extension (search/speculation.py): tokens of speculative steps, those
+    # the search used (part of generated_tokens) and those dropped.
+    speculative_tokens: int = 0
+    speculative_kept_tokens: int = 0
+    speculative_discarded_tokens: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -104,4 +109,6 @@ def summarize(problem: Problem, beams: list[Beam], config: SearchConfig, counts:
         majority_prediction=majority, majority_correct=grade(majority, problem.answer),
         beams=records, generated_tokens=counts.generated_tokens, prm_tokens=counts.prm_tokens,
         prm_cached_tokens=counts.prm_cached_tokens, prm_requests=counts.prm_requests,
-        iterations=counts.iterations, completed_beams=counts.completed_beams, seconds=seconds)
+        iterations=counts.iterations, completed_beams=counts.completed_beams, seconds=seconds,
+        speculative_tokens=counts.speculative_tokens, speculative_kept_tokens=counts.speculative_kept_tokens,
+        speculative_discarded_tokens=counts.speculative_discarded_tokens)

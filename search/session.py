@@ -12,11 +12,12 @@ import asyncio
 from collections.abc import Sequence
 
 from search.problem import Problem
-from search.beams import Beam, StepCounts, derive_seed
+from search.beams import Beam, StepCounts, step_seed
 from search.config import STEP_DELIMITER, SearchConfig
 from search.prm import PRMFormat, ScoreQuery, default_format_for, make_prm_format
 from search.prompts import PromptBuilder
 from search.score_cache import ScoreCache
+from search.speculation import Speculation, Speculator
 from tts_runtime.config import ConfigError
 from tts_runtime.engine.request import RequestOutput, SamplingParams
 from tts_runtime.runtime import Runtime
@@ -43,6 +44,9 @@ class SearchSession:
         self.prm_format: PRMFormat = make_prm_format(self.format_name, runtime.prm.tokenizer)
         # Scores depend on the PRM and on how its input is laid out.
         self.prm_key = f"{runtime.prm.spec.model}:{self.format_name}"
+        if config.speculative_extension and runtime.backend != "native":
+            raise ConfigError("speculative extension needs the native engine (it aborts requests and numbers "
+                              "child seeds); drop --speculative-extension or use --backend native")
 
     def steps_for(self, problem: Problem) -> EngineSteps:
         return EngineSteps(self, problem)
@@ -57,6 +61,10 @@ class EngineSteps:
         self.config: SearchConfig = session.config
         self.counts = StepCounts()
         self._max_len = session.runtime.generator.max_model_len
+        self.speculator: Speculator | None = None
+        if self.config.speculative_extension:
+            self.speculator = Speculator(session.runtime, self.config, self.counts,
+                                         lambda beam, iteration, to_eos: self._params(beam, iteration, 1, to_eos))
 
     def root(self) -> Beam:
         ids = self.session.prompts.prompt_token_ids(self.problem.question)
@@ -70,11 +78,12 @@ class EngineSteps:
         groups: dict[tuple[int, ...], list[int]] = {}
         for index, beam in enumerate(beams):
             groups.setdefault(tuple(beam.token_ids), []).append(index)
+        if self.speculator is not None:
+            return await self._expand_speculating(beams, groups, iteration, to_eos)
         runtime = self.session.runtime
         futures = [
             runtime.submit_generate(beams[members[0]].token_ids,
-                                    self._params(beams[members[0]], iteration, members[0],
-                                                 len(members) * width, to_eos))
+                                    self._params(beams[members[0]], iteration, len(members) * width, to_eos))
             for members in groups.values()
         ]
         outputs: list[RequestOutput] = await asyncio.gather(*futures)
@@ -88,14 +97,65 @@ class EngineSteps:
                         max_len=self._max_len))
         return children
 
-    def _params(self, beam: Beam, iteration: int, index: int, n: int, to_eos: bool) -> SamplingParams:
+    async def _expand_speculating(self, beams: list[Beam], groups: dict[tuple[int, ...], list[int]],
+                                  iteration: int, to_eos: bool) -> list[list[Beam]]:
+        """Beam search with speculative extension: one request per beam (child seeds numbered
+        as in the group's shared request, so the tokens are the same), so that each beam's
+        finished step is seen at once and starts its speculative next step. The first copy
+        of a survivor takes that survivor's speculation instead of a request."""
+        speculator, runtime = self.speculator, self.session.runtime
+        speculator.begin(iteration)
+        jobs = []
+        for members in groups.values():
+            beam = beams[members[0]]
+            speculation = speculator.take(beam)
+            for slot in range(len(members)):
+                if slot == 0 and speculation is not None:
+                    jobs.append(self._speculated_step(beam, iteration, to_eos, speculation))
+                else:
+                    future = runtime.submit_generate(beam.token_ids,
+                                                     self._params(beam, iteration, 1, to_eos, slot))
+                    jobs.append(self._step(beam, future))
+        speculator.drop_untaken()
+        done = await asyncio.gather(*jobs)
+        slots = iter(done)
+        children: list[list[Beam]] = [[] for _ in beams]
+        for members in groups.values():
+            for index in members:
+                children[index].append(next(slots))
+        return children
+
+    async def _step(self, beam: Beam, future: asyncio.Future) -> Beam:
+        return self._child(beam, await future)
+
+    async def _speculated_step(self, beam: Beam, iteration: int, to_eos: bool, speculation: Speculation) -> Beam:
+        output = await self.speculator.result(speculation)
+        if output is None:  # cut short by the speculation cap: generate the step anew
+            output = await self.session.runtime.submit_generate(beam.token_ids,
+                                                                self._params(beam, iteration, 1, to_eos))
+        return self._child(beam, output)
+
+    def _child(self, beam: Beam, output: RequestOutput) -> Beam:
+        """The beam plus its finished step, which at once starts the step after it."""
+        completion = output.completions[0]
+        self.counts.generated_tokens += len(completion.token_ids)
+        child = beam.child(completion.token_ids, completion.text, completion.finish_reason, max_len=self._max_len)
+        self.speculator.start(child)
+        return child
+
+    def _params(self, beam: Beam, iteration: int, n: int, to_eos: bool, first_child: int = 0) -> SamplingParams:
         config = self.config
         cap = config.max_tokens if to_eos else config.max_step_tokens
         return SamplingParams(
-            temperature=config.temperature, top_p=config.top_p, n=n,
-            seed=derive_seed(config.seed, self.problem.id, iteration, index),
+            temperature=config.temperature, top_p=config.top_p, n=n, first_child=first_child,
+            seed=step_seed(config.seed, self.problem.id, iteration, beam),
             max_tokens=min(cap, self._max_len - len(beam.token_ids)),
             stop=() if to_eos else (STEP_DELIMITER,), include_stop_str_in_output=True)
+
+    def close(self) -> None:
+        """The search is over (or stopped): nothing of it may keep generating."""
+        if self.speculator is not None:
+            self.speculator.close()
 
     # -- scoring ---------------------------------------------------------------------
     async def score(self, beams: list[Beam]) -> None:
