@@ -532,46 +532,36 @@ def bench_scaleout_command(
     typer.echo(path.read_text())
 
 
-@command(bench_app, "cohost")
-def bench_cohost_command(
-    limit: Annotated[int, typer.Option(help="First N MATH-500 problems.")] = 20,
+@command(bench_app, "tiered-kv")
+def bench_tiered_kv_command(
+    limit: Annotated[int, typer.Option(help="First N MATH-500 problems.")] = 4,
     n: Annotated[int, typer.Option()] = 4,
     beam_width: Annotated[int, typer.Option()] = 4,
-    num_iterations: Annotated[int, typer.Option()] = 5,
-    max_step_tokens: Annotated[int, typer.Option()] = 96,
-    max_tokens: Annotated[int, typer.Option(help="Token cap of the last iteration's run to the end.")] = 256,
-    problem_batch: Annotated[int, typer.Option(help="Searches in flight.")] = 8,
-    seed: Annotated[int, typer.Option()] = _D.seed,
-    rounds: Annotated[int, typer.Option(help="Alternating rounds of every variant; medians.")] = 2,
-    variants: Annotated[str, typer.Option(help="Comma-separated, alternate first: alternate, batched, "
-                                               "overlap, batched + overlap.")]
-    = "alternate,batched,overlap,batched + overlap",
-    prm_buffer_tokens: Annotated[int, typer.Option(help="Batched variants' PRM buffer.")] = _C.prm_buffer_tokens,
-    generator_low_water: Annotated[int, typer.Option()] = _C.generator_low_water,
-    generator_buffer_seqs: Annotated[int, typer.Option()] = _C.generator_buffer_seqs,
+    num_iterations: Annotated[int, typer.Option()] = 6,
+    max_step_tokens: Annotated[int, typer.Option()] = 128,
+    max_tokens: Annotated[int, typer.Option(help="Token cap of a whole solution.")] = _D.max_tokens,
+    problem_batch: Annotated[int, typer.Option(help="Searches in flight.")] = 4,
+    device_memory: Annotated[str, typer.Option(help="The squeeze: both models' device budget.")] = "2.1GiB",
+    memory_split: Annotated[float, typer.Option(help="PRM share of the KV budget (0.1 starves the PRM's "
+                                                     "pool: the memory sweep's thrashing setting).")] = 0.1,
+    host_kv_memory: Annotated[str, typer.Option(help="Host KV tier per model in the tier-on variants.")] = "1GiB",
+    host_kv_prefetch: Annotated[bool, typer.Option(help="Prefetch in the tier-on variants.")] = True,
+    rounds: Annotated[int, typer.Option(help="Alternating rounds of the four variants; medians.")] = 3,
+    device: Annotated[str, typer.Option(help="auto, cpu, cuda.")] = "auto",
     dataset_path: Annotated[Optional[str], typer.Option()] = None,
-    device: Annotated[str, typer.Option(help="auto, cpu, cuda ...")] = "auto",
-    device_memory: Annotated[Optional[str], typer.Option(help="Memory budget for both models.")] = "3GiB",
 ) -> None:
-    """Phase policy (alternate vs batched) and overlap (off vs on), side by side on beam search:
-    problems/min, batch sizes, phase transitions, busy fractions (writes cohost.json/md)."""
-    from evals.bench_cohost import BASELINE, VARIANTS, CohostBench, bench_cohost
+    """Host KV tier off/on x prefix-aware ordering off/on on a memory-squeezed beam search: problems/s,
+    tokens recomputed and saved, bytes swapped, swap time, prefix hit rates (writes tiered_kv.json/md)."""
+    from evals.bench_tiered_kv import TieredKVBench, bench_tiered_kv
 
-    chosen = [name.strip() for name in variants.split(",") if name.strip()]
-    unknown = [name for name in chosen if name not in VARIANTS]
-    if unknown or not chosen or chosen[0] != BASELINE:
-        raise ConfigError(f"--variants takes a comma-separated list starting with {BASELINE}, from "
-                          f"{', '.join(VARIANTS)}; got '{variants}'")
     config = SearchConfig(method="beam", n=n, beam_width=beam_width, num_iterations=num_iterations,
                           max_step_tokens=max_step_tokens, max_tokens=max_tokens, problem_batch=problem_batch,
-                          seed=seed)
-    thresholds = CohostConfig(prm_buffer_tokens=prm_buffer_tokens, generator_low_water=generator_low_water,
-                              generator_buffer_seqs=generator_buffer_seqs)
-    resolve_device(device)
-    bench = CohostBench(config=config, limit=limit, rounds=rounds, dataset_path=dataset_path,
-                        memory=_memory_config(device_memory, 0.3, "static"), device=device,
-                        thresholds=thresholds, variants=tuple(chosen))
-    path = bench_cohost(bench, command=["tts", *sys.argv[1:]], log=console.print)
+                          # A step every iteration, the last one too: the memory sweep's workload.
+                          eos_sampling=False)
+    bench = TieredKVBench(config, _memory_config(device_memory, memory_split, "static"), parse_size(host_kv_memory),
+                          limit=limit, rounds=rounds, prefetch=host_kv_prefetch, dataset_path=dataset_path,
+                          device=device)
+    path = bench_tiered_kv(bench, command=["tts", *sys.argv[1:]], log=console.print)
     typer.echo(path.read_text())
 
 
