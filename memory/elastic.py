@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from memory.pool import ChunkMove, ElasticKVPool
+from tts_runtime.engine.engine import EnginePressure
 
 # Recent recompute cost decays by this factor per runtime step (half-life ~350 steps: a
 # few beam-search iterations, so both models' phases are in view when compared).
@@ -42,16 +43,9 @@ _MARGIN = 1.5
 
 
 @dataclass(frozen=True)
-class Pressure:
-    """One model's state between steps, read by the runtime from its engine."""
+class Pressure(EnginePressure):
+    """One model's state between steps: what its engine reports, and its thrash count."""
 
-    has_work: bool
-    owned_blocks: int
-    free_blocks: int
-    waiting_blocks: int  # blocks its waiting sequences would hold
-    blocks_to_progress: int
-    preemptions: int  # totals since the start; the policy takes differences
-    admission_stalls: int
     thrash_events: int
 
 
