@@ -617,7 +617,8 @@ def bench_engine_command(
     repeats: Annotated[int, typer.Option(help="Alternating repetitions; medians reported.")] = 3,
     dtypes: Annotated[str, typer.Option(help="Generate and score workloads: both sides at each of these "
                                              "dtypes, e.g. float32,bfloat16.")] = "float32",
-    workload: Annotated[str, typer.Option(help="all: generate, score and beam; beam: only the beam-shaped "
+    workload: Annotated[str, typer.Option(help="all: generate, score and beam; generate-score: the first two; "
+                                               "beam: only the beam-shaped "
                                                "decode; attention: one layer's attention at beam "
                                                "shapes (beam_attention.json/md).")] = "all",
     beam_new_tokens: Annotated[int, typer.Option(help="Beam workload: new tokens per fork.")] = 256,
@@ -630,18 +631,19 @@ def bench_engine_command(
     from evals.bench_beam import BeamBenchConfig, run_attention_bench, run_beam_bench
     from evals.bench_engine import EngineBenchConfig, parse_dtypes, run_engine_bench
 
-    if workload not in ("all", "beam", "attention"):
-        raise ConfigError(f"unknown --workload '{workload}'; choose all, beam or attention")
+    if workload not in ("all", "generate-score", "beam", "attention"):
+        raise ConfigError(f"unknown --workload '{workload}'; choose all, generate-score, beam or attention")
     check_backend(backend, "static")
     command = shlex.join(["tts", *sys.argv[1:]])
     if workload == "attention":
         typer.echo(run_attention_bench(max(repeats, 9), command))
         return
-    if workload == "all":
+    if workload in ("all", "generate-score"):
         config = EngineBenchConfig(num_prompts=num_prompts, new_tokens=new_tokens, beams=beams, steps=steps,
                                    repeats=repeats, dtypes=parse_dtypes(dtypes), vllm=backend == "vllm")
         typer.echo(run_engine_bench(config, command))
-    typer.echo(run_beam_bench(BeamBenchConfig(new_tokens=beam_new_tokens, repeats=repeats, hf=beam_hf), command))
+    if workload in ("all", "beam"):
+        typer.echo(run_beam_bench(BeamBenchConfig(new_tokens=beam_new_tokens, repeats=repeats, hf=beam_hf), command))
 
 
 @command(bench_app, "gpu")
