@@ -154,6 +154,7 @@ class DecoderModel(nn.Module):
                 self.layers[index] = nn.Identity()
         if not part.head:
             self.lm_head = None if self.lm_head is None else nn.Identity()
+            self.score = None
         if not part.embedding and not (part.head and self.lm_head is None):
             self.embed_tokens = nn.Identity()
 
@@ -167,6 +168,8 @@ class DecoderModel(nn.Module):
             names.add("model.embed_tokens.weight")
         if isinstance(self.lm_head, nn.Linear):
             names.add("lm_head.weight")
+        if self.score is not None:
+            names.update(_REWARD_HEAD_WEIGHTS)
         return names
 
     def compute_logits(self, hidden: torch.Tensor, columns: torch.Tensor | None = None) -> torch.Tensor:
