@@ -308,9 +308,9 @@ class Engine(BlockingCalls):
                 seq.in_flight = True
             self.busy.start()
             future = self.executor.submit(model_input, plan if self.executor.samples else None)
+            future.add_done_callback(self.busy.stop)  # before the prefetch: a local forward is done already
             if self.host_kv is not None:
                 self.host_kv.after_launch(self.scheduler)
-            future.add_done_callback(self.busy.stop)
             self._in_flight.append(_Microbatch(layout, plan, future))
             launched += 1
             self.stats.steps += 1
