@@ -7,7 +7,10 @@ runs the same search on the same problems (seeded, so the searches match). With
 number is the median over the repeats: the machines are shared and noisy. With
 `--replicas N` the (setting, repeat) runs go out from one queue to N Ray replicas
 (evals/ray_pool.py), each of which loads and profiles the models once; runs side by
-side share the machine, so compare settings within one sweep only.
+side share the machine, so compare settings within one sweep only. With `--backend vllm`
+both models run on vLLM engines sized by each static split (and `auto`); vLLM cannot
+follow `elastic`, and it reports no block events, so its rows have no thrash counts or
+block timelines (null in the tables, those plots left out).
 
 Writes to the sweep folder:
 
@@ -43,7 +46,7 @@ import typer
 from evals.bench import SideBySide, machine_info
 from evals.datasets import Problem, load_problems
 from evals.ray_pool import ReplicaInfo, ReplicaPool, ScaleOut, WorkItem, ray_cluster
-from memory.plots import plot_sweep
+from memory.plots import plot_hit_rate, plot_sweep, plot_throughput
 from memory.profile import MemoryProfile, format_bytes
 from memory.split import POLICIES, MemoryConfig, Workload, parse_size
 from search.config import SearchConfig
@@ -53,7 +56,7 @@ from search.prompts import PromptBuilder
 from tts_runtime.config import CacheConfig, ConfigError, EngineConfig, SchedulerConfig, resolve_device, resolve_dtype
 from tts_runtime.engine.engine import RequestError
 from tts_runtime.models.loader import LoadedModel, load_model
-from tts_runtime.runtime import Runtime, profile_models
+from tts_runtime.runtime import Runtime, check_backend, profile_models
 
 SWEEP_COLUMNS = (
     "setting",  # "static 0.30", "auto", "elastic"
@@ -169,7 +172,8 @@ class _PeakMemory:
 
 
 def run_setting(setting: SweepSetting, models: SweepModels, problems: list[Problem], search: SearchConfig,
-                memory: MemoryConfig, engine_config: EngineConfig, workload: Workload) -> tuple[dict, dict]:
+                memory: MemoryConfig, engine_config: EngineConfig, workload: Workload,
+                backend: str = "native") -> tuple[dict, dict]:
     """One search at one memory setting: (sweep row, the runtime's memory metrics).
 
     A setting whose pool cannot hold one of the workload's sequences (an extreme static
@@ -178,7 +182,7 @@ def run_setting(setting: SweepSetting, models: SweepModels, problems: list[Probl
     peak = _PeakMemory(resolve_device(engine_config.device))
     peak.reset()
     runtime = Runtime(models.generator, models.prm, config, engine_config, workload=workload,
-                      profiles=models.profiles)
+                      profiles=models.profiles, backend=backend)
     start = time.perf_counter()
     try:
         results, error = run_search(runtime, problems, search), ""
@@ -194,9 +198,12 @@ def run_setting(setting: SweepSetting, models: SweepModels, problems: list[Probl
         "prm_tokens_per_s": runtime.prm.stats.prompt_tokens / seconds,
     }
     for name in ("generator", "prm"):
-        row[f"{name}_blocks"] = metrics[name]["blocks"]["mean"]
+        blocks = metrics[name]["blocks"]
+        # vLLM allocates its blocks once and emits no block events: no mean, no thrash count.
+        row[f"{name}_blocks"] = blocks.get("mean", blocks["start"])
         row[f"{name}_hit_rate"] = metrics[name]["hit_rate"]
-        row[f"{name}_thrash"] = metrics[name]["thrash_events"]
+        thrash = metrics[name]["thrash_events"]
+        row[f"{name}_thrash"] = thrash if isinstance(thrash, int) else None
         row[f"{name}_preemptions"] = metrics[name]["preemptions"]
     row["preemptions"] = row["generator_preemptions"] + row["prm_preemptions"]
     row["peak_memory_bytes"] = peak.read()
@@ -289,13 +296,14 @@ class SweepResult:
     summary: dict
 
     def timelines(self) -> dict[str, dict]:
+        """Per setting, each model's block timeline (none on vLLM)."""
         return {label: {m: metrics[m]["timeline"] for m in ("generator", "prm")}
-                for label, metrics in self.metrics.items()}
+                for label, metrics in self.metrics.items() if isinstance(metrics["generator"]["timeline"], dict)}
 
 
 def run_sweep(settings: list[SweepSetting], models: SweepModels, problems: list[Problem], search: SearchConfig,
               memory: MemoryConfig, engine_config: EngineConfig, workload: Workload, repeats: int = 1,
-              echo=typer.echo, parallel: SweepParallel | None = None) -> SweepResult:
+              echo=typer.echo, parallel: SweepParallel | None = None, backend: str = "native") -> SweepResult:
     if parallel is not None:
         runs, metrics = _run_parallel(settings, problems, search, memory, engine_config, workload, repeats,
                                       parallel, echo)
@@ -310,7 +318,8 @@ def run_sweep(settings: list[SweepSetting], models: SweepModels, problems: list[
             # (seeded sampling, deterministic scheduling): repeating it only costs time.
             if setting.label in failed:
                 return failed[setting.label]
-            row, setting_metrics = run_setting(setting, models, problems, search, memory, engine_config, workload)
+            row, setting_metrics = run_setting(setting, models, problems, search, memory, engine_config, workload,
+                                               backend)
             if row["error"]:
                 failed[setting.label] = row
             gc.collect()  # the finished runtime's KV pool goes before the next one is built
@@ -366,7 +375,17 @@ def write_outputs(result: SweepResult, out_dir: Path, header: dict) -> list[Path
     payload = {**header, "columns": list(SWEEP_COLUMNS), "rows": result.rows, "summary": result.summary,
                "settings": result.metrics}
     (out_dir / "sweep.json").write_text(json.dumps(payload, indent=2))
-    return plot_sweep(result.rows, result.timelines(), timeline_labels(result.rows), out_dir)
+    timelines = result.timelines()
+    if not timelines:  # vLLM: no block timelines or thrash counts to draw
+        return [plot_throughput(result.rows, out_dir / "throughput_vs_split.png"),
+                plot_hit_rate(result.rows, out_dir / "hit_rate_vs_split.png")]
+    return plot_sweep(result.rows, timelines, timeline_labels(result.rows), out_dir)
+
+
+def _cell(value: float | None, fmt: str | None) -> str:
+    if value is None:  # not measured on this backend (thrash on vLLM)
+        return "n/a"
+    return format_bytes(int(value)) if fmt is None else fmt.format(value)
 
 
 def format_table(rows: list[dict]) -> str:
@@ -379,7 +398,7 @@ def format_table(rows: list[dict]) -> str:
                ("peak mem", "peak_memory_bytes", None), ("moved", "chunks_moved", "{:.0f}")]
     cells = [[title for title, _, _ in columns]]
     for row in rows:
-        cells.append([format_bytes(int(row[key])) if fmt is None else fmt.format(row[key]) for _, key, fmt in columns])
+        cells.append([_cell(row[key], fmt) for _, key, fmt in columns])
     widths = [max(len(c[i]) for c in cells) for i in range(len(columns))]
     return "\n".join("  ".join(c.rjust(w) for c, w in zip(line, widths)) for line in cells)
 
@@ -412,10 +431,11 @@ def write_markdown(result: SweepResult, header: dict, plots: list[Path], path: P
                 verdict = "meets" if summary[key] >= target else "misses"
                 lines.append(f"{policy}: {summary[key]:.3f} x the best static split's problems/s "
                              f"({verdict} the target of >= {target:.2f}).")
-    lookups = sum(m[name]["lookups"] for m in result.metrics.values() for name in ("generator", "prm"))
-    thrash = sum(m[name]["thrash_events"] for m in result.metrics.values() for name in ("generator", "prm"))
-    lines += [f"Thrash: {thrash} events in {lookups} prefix-block lookups over all settings "
-              f"({thrash / lookups if lookups else 0:.2%}); the thesis calls thrash \"extremely rare\".", ""]
+    if result.timelines():  # block events exist (not on vLLM)
+        lookups = sum(m[name]["lookups"] for m in result.metrics.values() for name in ("generator", "prm"))
+        thrash = sum(m[name]["thrash_events"] for m in result.metrics.values() for name in ("generator", "prm"))
+        lines += [f"Thrash: {thrash} events in {lookups} prefix-block lookups over all settings "
+                  f"({thrash / lookups if lookups else 0:.2%}); the thesis calls thrash \"extremely rare\".", ""]
     lines += [f"![{p.stem}]({plot_dir.name}/{p.name})" for p in copied]
     path.write_text("\n".join(lines) + "\n")
     return path
@@ -429,7 +449,8 @@ def _command_line() -> str:
 
 def sweep_memory(
     splits: Annotated[str, typer.Option(help="static PRM fractions: start:stop:step or a comma list")] = "0.1:0.9:0.1",
-    policies: Annotated[str, typer.Option(help="comma list of static, auto, elastic")] = "static,auto,elastic",
+    policies: Annotated[Optional[str], typer.Option(help="comma list of static, auto, elastic "
+                                                    "(default all three; static,auto with --backend vllm)")] = None,
     dataset: Annotated[str, typer.Option(help="math500 or a JSONL file")] = "math500",
     dataset_path: Annotated[Optional[str], typer.Option(help="local copy of the dataset")] = None,
     limit: Annotated[int, typer.Option(help="first K problems")] = 4,
@@ -456,9 +477,18 @@ def sweep_memory(
     replicas: Annotated[Optional[int], typer.Option(help="run the settings side by side on N Ray replicas")] = None,
     ray_address: Annotated[Optional[str], typer.Option(help="join this Ray cluster (default: a local one)")] = None,
     threads_per_replica: Annotated[int, typer.Option(help="torch threads (and Ray CPUs) per replica")] = 1,
+    backend: Annotated[str, typer.Option(help="native (our engine) or vllm (both models on vLLM engines, "
+                                              "static and auto splits)")] = "native",
 ) -> None:
     """Run one search workload at many memory splits and policies; write sweep.csv/json and plots."""
-    settings = settings_for(parse_splits(splits), [p.strip() for p in policies.split(",") if p.strip()])
+    if policies is None:
+        policies = "static,auto" if backend == "vllm" else "static,auto,elastic"
+    chosen = [p.strip() for p in policies.split(",") if p.strip()]
+    settings = settings_for(parse_splits(splits), chosen)
+    if backend != "native" and (replicas is not None or ray_address is not None):
+        raise ConfigError("--backend vllm runs in this process; Ray replicas (--replicas, --ray-address) "
+                          "serve the native engine")
+    check_backend(backend, "elastic" if "elastic" in chosen else "static")
     search = SearchConfig(method=method, n=n, beam_width=beam_width, num_iterations=num_iterations,
                           max_step_tokens=max_step_tokens, temperature=temperature, problem_batch=problem_batch,
                           prm_format=prm_format, seed=seed,
@@ -488,11 +518,11 @@ def sweep_memory(
     if parallel is not None:
         typer.echo(f"running the settings on {parallel.scale.replicas} Ray replica(s)")
     result = run_sweep(settings, models, problems, search, memory, engine_config, workload, repeats,
-                       parallel=parallel)
+                       parallel=parallel, backend=backend)
     first = next(iter(result.metrics.values()))["plan"]
     header = {
         "command": _command_line(),
-        "machine": machine_info(), "generator": generator, "prm": prm, "dataset": dataset,
+        "machine": machine_info(), "generator": generator, "prm": prm, "dataset": dataset, "backend": backend,
         "problems": len(problems), "repeats": repeats, "search": search.to_dict(),
         "memory": {"budget_bytes": first["budget_bytes"], "utilization": first["utilization"],
                    "kv_bytes": first["kv_bytes"]},

@@ -141,6 +141,30 @@ def test_cli_beam_on_vllm_writes_a_run_folder(tmp_path, math500_path):
     assert metrics["throughput"]["generator_tokens_per_s"] > 0
 
 
+@needs_vllm
+@pytest.mark.slow
+def test_sweep_memory_on_vllm_sweeps_static_splits(tmp_path, math500_path):
+    out = tmp_path / "sweep"
+    command = [sys.executable, "-m", "tts_runtime.cli", "sweep-memory", "--backend", "vllm", "--splits", "0.3,0.6",
+               "--dataset-path", str(math500_path), "--limit", "1", "--n", "2", "--beam-width", "2",
+               "--num-iterations", "2", "--max-step-tokens", "8", "--device-memory", "2GiB",
+               "--max-num-batched-tokens", "256", "--out", str(out)]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=1200)
+    assert done.returncode == 0, done.stderr[-3000:]
+    payload = json.loads((out / "sweep.json").read_text())
+    assert payload["backend"] == "vllm"
+    rows = payload["rows"]
+    assert [row["setting"] for row in rows] == ["static 0.30", "static 0.60", "auto"]  # no elastic on vLLM
+    for row in rows:
+        assert row["error"] == "" and row["problems"] == 1 and row["problems_per_s"] > 0
+        assert row["generator_blocks"] > 0 and row["prm_blocks"] > 0
+        assert row["generator_thrash"] is None and row["prm_thrash"] is None  # vLLM emits no block events
+    # A larger PRM share gives the PRM's vLLM engine more blocks and the generator's fewer.
+    assert rows[1]["prm_blocks"] > rows[0]["prm_blocks"] and rows[1]["generator_blocks"] < rows[0]["generator_blocks"]
+    assert payload["settings"]["static 0.30"]["backend"] == "vllm"
+    assert sorted(path.name for path in out.glob("*.png")) == ["hit_rate_vs_split.png", "throughput_vs_split.png"]
+
+
 def test_unsupported_architecture_is_a_config_error():
     if not HAS_VLLM:
         pytest.skip("needs vLLM's model registry")
@@ -168,6 +192,9 @@ def test_bad_backend_and_elastic_policy_are_one_line_errors(math500_path):
     _one_line_error(["beam", "--limit", "1", "--backend", "tgi"], "unknown backend 'tgi'", math500_path)
     _one_line_error(["beam", "--limit", "1", "--backend", "vllm", "--memory-policy", "elastic"],
                     "cannot follow the elastic memory policy", math500_path)
+    _one_line_error(["sweep-memory", "--backend", "vllm", "--policies", "static,elastic"],
+                    "cannot follow the elastic memory policy", math500_path)
+    _one_line_error(["sweep-memory", "--backend", "vllm", "--replicas", "2"], "Ray replicas", math500_path)
 
 
 @pytest.mark.skipif(HAS_VLLM, reason="vLLM is installed here; the error for a missing vLLM needs an "
