@@ -137,8 +137,13 @@ def test_search_results_do_not_depend_on_the_phase_policy(policy_runs):
 
 
 @pytest.mark.slow
-def test_batched_phases_switch_less_and_batch_the_prm_more(policy_runs):
+def test_batched_phases_switch_only_when_a_side_runs_dry(policy_runs):
+    """Two problems never fill the 2048-token PRM buffer (8 beams of ~110 tokens), so each
+    iteration is one generator phase (until every search waits on scores) and one PRM phase
+    (until it is drained): at most 2 x iterations - 1 switches, and never more than
+    alternating. (Two problems with the same step cap run in step under alternation too, so
+    this workload cannot show batching beating it: `tts bench cohost` measures that.)"""
     (_, alternate), (_, batched) = policy_runs["alternate"], policy_runs["batched"]
-    assert batched.transitions < alternate.transitions
-    assert batched.prm.forwards < alternate.prm.forwards
-    assert batched.prm.sequences / batched.prm.forwards > alternate.prm.sequences / alternate.prm.forwards
+    assert batched.transitions <= 2 * SEEDED.num_iterations - 1
+    assert batched.transitions <= alternate.transitions
+    assert batched.prm.sequences / batched.prm.forwards >= alternate.prm.sequences / alternate.prm.forwards
