@@ -115,6 +115,35 @@ def test_format_and_head_must_fit(tiny_prm):
         check_prm_head("qwen-prm", "gemma3-270m", reward_head=False)
 
 
+def test_beam_search_scores_steps_with_the_head(tiny_prm, generator_model, math500_path, tmp_path):
+    """A real search on the reward-head PRM (its folder name picks qwen-prm): every kept step
+    score is a class-1 probability, and a format that reads tokens is refused up front."""
+    from dataclasses import replace
+
+    from evals.report import RunFolder
+    from evals.run import run_into_folder
+    from memory.split import MemoryConfig
+    from search.config import SearchConfig
+    from tts_runtime.runtime import Runtime
+
+    _, loaded = tiny_prm
+    problems = load_problems("math500", dataset_path=str(math500_path), levels={1}, limit=1)
+    config = SearchConfig(method="beam", n=2, beam_width=2, num_iterations=2, max_step_tokens=16, max_tokens=48,
+                          temperature=0.0, problem_batch=1)
+    runtime = Runtime(generator_model, loaded, memory=MemoryConfig(device_memory=2 << 30))
+    try:
+        with pytest.raises(ConfigError, match="only the qwen-prm format reads"):
+            run_into_folder(runtime, problems, replace(config, prm_format="judge"),
+                            RunFolder.open(tmp_path / "judge", resume=False))
+        outcome = run_into_folder(runtime, problems, config, RunFolder.open(tmp_path / "run", resume=False))
+    finally:
+        runtime.shutdown()
+    [result] = outcome.new
+    scores = [score for beam in result.beams for score in beam.step_scores]
+    assert scores and all(0.0 < score < 1.0 for score in scores)
+    assert outcome.metrics["failed"]["count"] == 0
+
+
 def test_other_heads_are_a_one_line_error(tiny_prm, tmp_path):
     _, loaded = tiny_prm
     folder = tmp_path / "classifier"
