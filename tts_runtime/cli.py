@@ -546,13 +546,21 @@ def bench_tiered_kv_command(
                                                      "pool: the memory sweep's thrashing setting).")] = 0.1,
     host_kv_memory: Annotated[str, typer.Option(help="Host KV tier per model in the tier-on variants.")] = "1GiB",
     host_kv_prefetch: Annotated[bool, typer.Option(help="Prefetch in the tier-on variants.")] = True,
-    rounds: Annotated[int, typer.Option(help="Alternating rounds of the four variants; medians.")] = 3,
+    rounds: Annotated[int, typer.Option(help="Alternating rounds of the variants; medians.")] = 3,
+    variants: Annotated[str, typer.Option(help="Comma list of: tier off (always run: the baseline), tier on, "
+                                               "prefix order, tier on + prefix order.")]
+    = "tier off,tier on,prefix order,tier on + prefix order",
     device: Annotated[str, typer.Option(help="auto, cpu, cuda.")] = "auto",
     dataset_path: Annotated[Optional[str], typer.Option()] = None,
 ) -> None:
     """Host KV tier off/on x prefix-aware ordering off/on on a memory-squeezed beam search: problems/s,
     tokens recomputed and saved, bytes swapped, swap time, prefix hit rates (writes tiered_kv.json/md)."""
-    from evals.bench_tiered_kv import TieredKVBench, bench_tiered_kv
+    from evals.bench_tiered_kv import BASELINE, VARIANTS, TieredKVBench, bench_tiered_kv
+
+    chosen = [v.strip() for v in variants.split(",") if v.strip()]
+    unknown = [v for v in chosen if v not in VARIANTS]
+    if unknown:
+        raise ConfigError(f"unknown variant(s) {', '.join(unknown)}; choose from {', '.join(VARIANTS)}")
 
     config = SearchConfig(method="beam", n=n, beam_width=beam_width, num_iterations=num_iterations,
                           max_step_tokens=max_step_tokens, max_tokens=max_tokens, problem_batch=problem_batch,
@@ -560,7 +568,7 @@ def bench_tiered_kv_command(
                           eos_sampling=False)
     bench = TieredKVBench(config, _memory_config(device_memory, memory_split, "static"), parse_size(host_kv_memory),
                           limit=limit, rounds=rounds, prefetch=host_kv_prefetch, dataset_path=dataset_path,
-                          device=device)
+                          device=device, variants=tuple(dict.fromkeys([BASELINE, *chosen])))
     path = bench_tiered_kv(bench, command=["tts", *sys.argv[1:]], log=console.print)
     typer.echo(path.read_text())
 

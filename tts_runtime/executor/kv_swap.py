@@ -63,7 +63,9 @@ class HostKVCache:
         self.caches = caches
         self.device = key.device
         self.cuda = self.device.type == "cuda"
-        self.host = torch.zeros((len(caches), 2, num_slots, *key.shape[1:]), dtype=key.dtype, pin_memory=self.cuda)
+        # Uninitialised: a slot is written before it is ever read, and on CPU untouched pages
+        # cost no memory until the tier fills.
+        self.host = torch.empty((len(caches), 2, num_slots, *key.shape[1:]), dtype=key.dtype, pin_memory=self.cuda)
         self.stream = torch.cuda.Stream(self.device) if self.cuda else None
         self._pending: list[_Pending] = []
         self._compute: tuple[torch.cuda.Event, torch.cuda.Event] | None = None
