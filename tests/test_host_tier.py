@@ -211,3 +211,19 @@ def test_prefix_aware_order_keeps_prefixes_hot_and_changes_no_token(generator_mo
         hits[order] = tracker.hits
     assert outputs[True] == outputs[False]
     assert hits[True] > hits[False]
+
+
+@pytest.mark.parametrize("extra, fragment", [
+    (["--pp", "2"], "--host-kv-memory needs --pp 1"),
+    (["--overlap"], "--overlap moves each model's forward"),
+])
+def test_cli_refuses_the_tier_where_the_kv_is_not_in_this_process(math500_path, extra, fragment):
+    from typer.testing import CliRunner
+
+    from tts_runtime.cli import app
+
+    result = CliRunner().invoke(app, ["beam", "--dataset-path", str(math500_path), "--limit", "1",
+                                      "--host-kv-memory", "1MiB", *extra])
+    lines = result.output.strip().splitlines()
+    assert result.exit_code == 2 and len(lines) == 1 and lines[0].startswith("error: "), result.output
+    assert fragment in lines[0]
