@@ -41,10 +41,11 @@ class KernelUnavailable(RuntimeError):
 
 
 def build_dir() -> Path:
-    """One folder per torch version (the extension links against torch's C++ ABI) and per
-    source file and contents: ninja rebuilds whenever the source path in its build file
-    changes, so two checkouts sharing one folder would rebuild each other's kernel."""
-    digest = hashlib.sha1(str(_SOURCE).encode() + _SOURCE.read_bytes()).hexdigest()[:12]
+    """One folder per torch version (the extension links against torch's C++ ABI), per source
+    file and contents, and per Python environment: ninja rebuilds whenever a path in its
+    build file changes (the source, the venv's torch headers), so two checkouts or two venvs
+    sharing one folder would keep rebuilding each other's kernel behind its build lock."""
+    digest = hashlib.sha1(str(_SOURCE).encode() + sys.prefix.encode() + _SOURCE.read_bytes()).hexdigest()[:12]
     return cache_root() / "torch_extensions" / f"torch-{torch.__version__.replace('+', '-')}-{digest}"
 
 
