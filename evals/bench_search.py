@@ -213,8 +213,8 @@ def _markdown(data: dict[str, Any]) -> str:
         f"problem at a time (HF `generate`, whole-sequence PRM forwards with `logits_to_keep=1`). Medians over "
         f"{data['rounds']} round(s); in each round the columns run one after another in this order.",
         "",
-        "| metric | " + " | ".join(header[label] for label in labels) + " | "
-        + " | ".join(f"{header[label]} / baseline" for label in ratio_labels) + " |",
+        "| " + " | ".join(["metric", *(header[label] for label in labels),
+                           *(f"{header[label]} / baseline" for label in ratio_labels)]) + " |",
         "|---|" + "---:|" * (len(labels) + len(ratio_labels)),
     ]
     for key, label, fmt in _ROWS:
