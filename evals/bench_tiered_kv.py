@@ -22,14 +22,13 @@ from typing import Any
 
 import torch
 
-from evals.bench import SideBySide, write_report
-from evals.datasets import load_problems
+from evals.bench import SideBySide, search_inputs, write_report
 from memory.split import MemoryConfig
 from search.config import SearchConfig
 from search.driver import run_search
 from search.problem import Problem
-from tts_runtime.config import CacheConfig, EngineConfig, SchedulerConfig, resolve_device, resolve_dtype
-from tts_runtime.models.loader import LoadedModel, load_model
+from tts_runtime.config import CacheConfig, EngineConfig, SchedulerConfig
+from tts_runtime.models.loader import LoadedModel
 from tts_runtime.runtime import GENERATOR, PRM, Runtime
 
 BASELINE = "tier off"
@@ -91,10 +90,7 @@ def _measure(bench: TieredKVBench, models: tuple[LoadedModel, LoadedModel], prob
 
 
 def bench_tiered_kv(bench: TieredKVBench, *, command: Sequence[str], log: Callable[[str], None]) -> Path:
-    problems = load_problems("math500", dataset_path=bench.dataset_path, limit=bench.limit)
-    device = resolve_device(bench.device)
-    log(f"loading {bench.generator} + {bench.prm} ...")
-    models = tuple(load_model(name, resolve_dtype("auto", device), device) for name in (bench.generator, bench.prm))
+    problems, device, models = search_inputs(bench, log)
     side = SideBySide("tiered-kv")
 
     def variant(label: str) -> Callable[[], dict]:
