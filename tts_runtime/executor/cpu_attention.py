@@ -32,8 +32,10 @@ from tts_runtime.models.loader import cache_root
 
 _SOURCE = Path(__file__).parent / "csrc" / "paged_attention_cpu.cpp"
 
-# The kernel's vector width in fp32 lanes: head_dim must be a multiple of it.
+# The kernel's vector width in fp32 lanes: head_dim must be a multiple of it, and at most
+# the size of its per-lane accumulators.
 HEAD_DIM_MULTIPLE = 16
+MAX_HEAD_DIM = 256
 
 
 class KernelUnavailable(RuntimeError):
@@ -72,7 +74,7 @@ def load_kernel() -> ModuleType:
 
 class CpuPagedAttention:
     """The C++ paged-attention kernel; `cascade` turns shared-prefix attention on. Head sizes
-    the kernel does not take (not a multiple of 16) go to `fallback`."""
+    the kernel does not take (not a multiple of 16, or over 256) go to `fallback`."""
 
     name = "cpu"
 
@@ -95,7 +97,8 @@ class CpuPagedAttention:
     def attend(self, query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                meta: AttentionMetadata, scale: float, sliding_window: int | None,
                softcap: float | None) -> torch.Tensor:
-        if query.shape[2] % HEAD_DIM_MULTIPLE and self.fallback is not None:
+        head_dim = query.shape[2]
+        if (head_dim % HEAD_DIM_MULTIPLE or head_dim > MAX_HEAD_DIM) and self.fallback is not None:
             return self.fallback.attend(query, k_cache, v_cache, meta, scale, sliding_window, softcap)
         if query.stride(2) != 1 or query.stride(1) != query.shape[2]:
             query = query.contiguous()

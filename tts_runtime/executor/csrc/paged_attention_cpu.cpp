@@ -6,8 +6,8 @@
 // is evaluated for every KV head, with the query heads of the GQA group as extra rows, and
 // leaves a partial softmax (max, sum, weighted values) per (row, head). A second pass merges
 // each token's partials by log-sum-exp. Shared-prefix (cascade) attention is just a plan in
-// which the rows of several sequences share an item over their common blocks: the block's
-// keys are converted once and used by all of them.
+// which the rows of several sequences share an item over their common blocks: each key is
+// read once for all of them.
 //
 // Scores are fp32 whatever the cache dtype (fp32 or bf16); masking is per row: causal
 // (key <= position) and, with a sliding window, key > position - window.
@@ -21,34 +21,78 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <utility>
 #include <vector>
 
 namespace {
 
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
-// exp(x) for x <= 0 without a libm call, so the loops around it vectorize. Cephes' expf
-// polynomial (relative error ~1e-7); arguments below -87 (and -inf, a masked key) give 0.
-inline float exp_nonpositive(float x) {
-  const float xc = std::max(x, -87.0f);
-  const float n = std::floor(xc * 1.44269504088896341f + 0.5f);
-  const float r = xc - n * 0.693359375f + n * 2.12194440e-4f;
-  float p = 1.9875691500e-4f;
+// A lane group is up to L query vectors (rows x the heads of a GQA group) held across the L
+// lanes of one vector: every key is read straight from the pool and broadcast against all of
+// them, so a shared prefix's keys are loaded once for every beam that reads them and nothing
+// is copied or transposed. The vectors are GCC/Clang vector extensions: one AVX-512 register
+// where the machine has it (the build uses -march=native), narrower registers where not.
+constexpr int64_t L = 16;
+typedef float vfloat __attribute__((vector_size(L * sizeof(float))));
+typedef int32_t vint __attribute__((vector_size(L * sizeof(int32_t))));
+
+constexpr int64_t KB = 8;   // keys per block of independent multiply-add chains
+constexpr int64_t KT = 64;  // keys per online-softmax update
+constexpr int64_t VR = 4;   // query vectors per register block of the value accumulation
+constexpr int64_t KS = L;   // head_dim chunk of the value accumulation (one vector)
+constexpr int64_t kMaxHeadDim = 256;
+
+inline vfloat splat(float x) { return vfloat{} + x; }
+
+// exp(x) for x <= 0, lane-wise: Cephes' expf polynomial (relative error ~1e-7); arguments
+// below -87 (and -inf, a masked key) give 0.
+inline vfloat exp_nonpositive(vfloat x) {
+  const vfloat xc = x < -87.0f ? splat(-87.0f) : x;
+  const vfloat t = xc * 1.44269504088896341f + 0.5f;
+  vint n = __builtin_convertvector(t, vint);       // truncates toward zero ...
+  n += __builtin_convertvector(n, vfloat) > t;     // ... and this makes it floor (true is -1)
+  const vfloat nf = __builtin_convertvector(n, vfloat);
+  const vfloat r = xc - nf * 0.693359375f + nf * 2.12194440e-4f;
+  vfloat p = splat(1.9875691500e-4f);
   p = p * r + 1.3981999507e-3f;
   p = p * r + 8.3334519073e-3f;
   p = p * r + 4.1665795894e-2f;
   p = p * r + 1.6666665459e-1f;
   p = p * r + 5.0000001201e-1f;
   p = p * r * r + r + 1.0f;
-  const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
-  float scale;
+  const vint bits = (n + 127) << 23;
+  vfloat scale;
   std::memcpy(&scale, &bits, sizeof(scale));
-  return x < -87.0f ? 0.0f : p * scale;
+  return x < -87.0f ? vfloat{} : p * scale;
+}
+
+inline float exp_nonpositive(float x) { return exp_nonpositive(splat(x))[0]; }
+
+// softcap * tanh(x / softcap) through exp of a non-positive argument.
+inline vfloat soft_cap(vfloat x, float cap) {
+  const vfloat y = x / cap;
+  const vfloat e = exp_nonpositive(-2.0f * (y < 0.0f ? -y : y));
+  const vfloat t = (1.0f - e) / (1.0f + e);
+  return cap * (y < 0.0f ? -t : t);
 }
 
 inline float to_float(float x) { return x; }
 inline float to_float(c10::BFloat16 x) { return static_cast<float>(x); }
 inline float to_float(c10::Half x) { return static_cast<float>(x); }
+
+inline vfloat load_vector(const float* p) {
+  vfloat v;
+  std::memcpy(&v, p, sizeof(v));
+  return v;
+}
+
+template <typename T>
+inline vfloat load_vector(const T* p) {
+  vfloat v;
+  for (int64_t i = 0; i < L; ++i) v[i] = to_float(p[i]);
+  return v;
+}
 
 struct CacheView {
   int64_t block_stride, token_stride, head_stride;  // elements; head_dim is contiguous
@@ -75,171 +119,167 @@ struct Partials {
   float* acc;  // [entries, heads, head_dim]
 };
 
-// Tiles: KT keys at a time (one online-softmax update per tile), computed as sub-tiles of KS
-// keys (one AVX-512 register of fp32) against RB query vectors at once, so each loaded key or
-// value vector feeds RB multiply-adds from registers.
-constexpr int64_t KT = 64;
-constexpr int64_t KS = 16;
-constexpr int64_t RB = 4;
-
-// Keys [j0, j0 + n) of one kv head as fp32, zero-padded to KT: keys sub-tile-major
-// kt[sub][d][KS] (a query's scores over a sub-tile are D broadcast multiply-adds), values
-// vb[key][d].
 template <typename T>
-void load_tile(const T* k_head, const T* v_head, const int32_t* table, const CacheView& c, int64_t j0,
-               int64_t n, int64_t D, float* kt, float* vb) {
-  for (int64_t j = 0; j < KT; ++j) {
-    const int64_t sub = j / KS, jj = j % KS;
-    if (j >= n) {
-      for (int64_t d = 0; d < D; ++d) kt[(sub * D + d) * KS + jj] = 0.0f;
-      std::fill(vb + j * D, vb + (j + 1) * D, 0.0f);
-      continue;
+inline const T* key_row(const T* head, const int32_t* table, const CacheView& c, int64_t key) {
+  return head + static_cast<int64_t>(table[key / c.block_size]) * c.block_stride + (key % c.block_size) * c.token_stride;
+}
+
+// One lane group's queries and running softmax state over the keys it has seen.
+struct LaneState {
+  vfloat qt[kMaxHeadDim];          // qt[d][lane]
+  vint lo, hi;                      // each lane's visible keys [lo, hi)
+  vfloat m, l;                      // running max and sum
+  vfloat acc[L * kMaxHeadDim / KS];  // [lane][d / KS][KS]
+};
+
+// s[j][lane] = masked, scaled score of key j0 + j, for keys [j0, j0 + n8).
+template <typename T>
+void lane_scores(const LaneState& st, const T* const* krows, int64_t j0, int64_t n8, int64_t D,
+                 const Params& prm, vfloat* s) {
+  for (int64_t jb = 0; jb < n8; jb += KB) {
+    vfloat a[KB] = {};
+    for (int64_t d = 0; d < D; ++d) {
+      const vfloat q = st.qt[d];
+      for (int64_t k = 0; k < KB; ++k) a[k] += to_float(krows[jb + k][d]) * q;
     }
-    const int64_t key = j0 + j;
-    const int64_t off = static_cast<int64_t>(table[key / c.block_size]) * c.block_stride +
-                        (key % c.block_size) * c.token_stride;
-    const T* kr = k_head + off;
-    const T* vr = v_head + off;
-    for (int64_t d = 0; d < D; ++d) kt[(sub * D + d) * KS + jj] = to_float(kr[d]);
-    for (int64_t d = 0; d < D; ++d) vb[j * D + d] = to_float(vr[d]);
+    for (int64_t k = 0; k < KB; ++k) {
+      vfloat x = a[k] * prm.scale;
+      if (prm.softcap > 0.0f) x = soft_cap(x, prm.softcap);
+      const vint key = vint{} + static_cast<int32_t>(j0 + jb + k);
+      s[jb + k] = (key >= st.lo) & (key < st.hi) ? x : splat(kNegInf);
+    }
   }
 }
 
-// s[r][sub * KS + jj] = q[r] . key (unscaled) for the RB (or fewer) vectors from r0.
-template <int64_t ROWS>
-inline void scores_block(const float* q, int64_t r0, int64_t D, const float* kts, float* s, int64_t sub) {
-  float acc[ROWS][KS] = {};
-  for (int64_t d = 0; d < D; ++d) {
-    const float* kd = kts + d * KS;
-    for (int64_t r = 0; r < ROWS; ++r) {
-      const float qv = q[(r0 + r) * D + d];
-#pragma omp simd
-      for (int64_t jj = 0; jj < KS; ++jj) acc[r][jj] += qv * kd[jj];
-    }
+// Scores to weights (in place), and the running max and sum; returns how much each lane's
+// earlier accumulator shrinks.
+inline vfloat lane_softmax(LaneState& st, int64_t n8, vfloat* s) {
+  vfloat tile_max = splat(kNegInf), sum = {};
+  for (int64_t j = 0; j < n8; ++j) tile_max = s[j] > tile_max ? s[j] : tile_max;
+  const vfloat m_new = st.m > tile_max ? st.m : tile_max;
+  // A lane that has seen no visible key yet keeps weight 0 and its (empty) state.
+  const vint none = m_new == kNegInf;
+  const vfloat base = none ? vfloat{} : m_new;
+  const vfloat alpha = none ? splat(1.0f) : exp_nonpositive(st.m - base);
+  for (int64_t j = 0; j < n8; ++j) {
+    s[j] = exp_nonpositive(s[j] - base);
+    sum += s[j];
   }
-  for (int64_t r = 0; r < ROWS; ++r)
-    std::memcpy(s + (r0 + r) * KT + sub * KS, acc[r], sizeof(acc[r]));
+  st.l = st.l * alpha + sum;
+  st.m = m_new;
+  return alpha;
 }
 
-// acc[r] = acc[r] * alpha[r] + sum_j p[r][j] v[j] for the vectors from r0.
-template <int64_t ROWS>
-inline void values_block(const float* p, const float* alpha, int64_t r0, int64_t n, int64_t D, const float* vb,
-                         float* acc) {
-  for (int64_t d0 = 0; d0 < D; d0 += KS) {
-    float a[ROWS][KS];
-    for (int64_t r = 0; r < ROWS; ++r)
-#pragma omp simd
-      for (int64_t jj = 0; jj < KS; ++jj) a[r][jj] = acc[(r0 + r) * D + d0 + jj] * alpha[r0 + r];
-    for (int64_t j = 0; j < n; ++j) {
-      const float* v = vb + j * D + d0;
-      for (int64_t r = 0; r < ROWS; ++r) {
-        const float pr = p[(r0 + r) * KT + j];
-#pragma omp simd
-        for (int64_t jj = 0; jj < KS; ++jj) a[r][jj] += pr * v[jj];
+// acc[lane] = acc[lane] * alpha[lane] + sum_j s[j][lane] v_j for the first `lanes` lanes.
+template <typename T>
+void lane_values(LaneState& st, const T* const* vrows, int64_t n8, int64_t D, int64_t lanes, const vfloat* s,
+                 vfloat alpha) {
+  const int64_t chunks = D / KS;
+  for (int64_t r0 = 0; r0 < lanes; r0 += VR) {
+    for (int64_t c = 0; c < chunks; ++c) {
+      vfloat a[VR];
+      for (int64_t r = 0; r < VR; ++r) a[r] = st.acc[(r0 + r) * chunks + c] * alpha[r0 + r];
+      for (int64_t j = 0; j < n8; ++j) {
+        const vfloat v = load_vector(vrows[j] + c * KS);
+        for (int64_t r = 0; r < VR; ++r) a[r] += s[j][r0 + r] * v;
       }
+      for (int64_t r = 0; r < VR; ++r) st.acc[(r0 + r) * chunks + c] = a[r];
     }
-    for (int64_t r = 0; r < ROWS; ++r) std::memcpy(acc + (r0 + r) * D + d0, a[r], sizeof(a[r]));
   }
 }
 
-// softcap * tanh(x / softcap) through exp of a non-positive argument, so the loop vectorizes.
-inline float soft_cap(float x, float cap) {
-  const float y = x / cap;
-  const float e = exp_nonpositive(-2.0f * std::fabs(y));
-  const float t = (1.0f - e) / (1.0f + e);
-  return cap * (y < 0.0f ? -t : t);
+// Lane group [v0, v0 + lanes) of an item, for every kv head: queries, each lane's visible keys
+// and empty softmax states; returns the keys [first, last) that any lane sees.
+template <typename T>
+std::pair<int64_t, int64_t> start_lanes(std::vector<LaneState>& states, const T* query, int64_t q_token_stride,
+                                        const Plan& plan, const Params& prm, const int32_t* it, int64_t v0,
+                                        int64_t lanes) {
+  const int64_t key_lo = it[1], key_hi = it[2], row_begin = it[3];
+  const int64_t D = prm.head_dim, G = prm.num_heads / prm.num_kv_heads;
+  int64_t first = key_hi, last = key_lo;
+  for (int64_t h = 0; h < prm.num_kv_heads; ++h) {
+    LaneState& st = states[h];
+    std::fill(st.qt, st.qt + D, vfloat{});
+    std::fill(st.acc, st.acc + L * (D / KS), vfloat{});
+    st.lo = st.hi = vint{};
+    st.m = splat(kNegInf);
+    st.l = vfloat{};
+  }
+  // Lane r is query vector v0 + r: row entry (v0 + r) / G, head (v0 + r) % G of the group.
+  for (int64_t r = 0; r < lanes; ++r) {
+    const int64_t e = row_begin + (v0 + r) / G, g = (v0 + r) % G;
+    const int64_t pos = plan.rows[e * 2 + 1];
+    int64_t lo = key_lo, hi = std::min<int64_t>(key_hi, pos + 1);
+    if (prm.window > 0) lo = std::max<int64_t>(lo, pos - prm.window + 1);
+    const bool visible = lo < hi;
+    if (visible) {
+      first = std::min(first, lo);
+      last = std::max(last, hi);
+    }
+    for (int64_t h = 0; h < prm.num_kv_heads; ++h) {
+      LaneState& st = states[h];
+      if (visible) {
+        st.lo[r] = static_cast<int32_t>(lo);
+        st.hi[r] = static_cast<int32_t>(hi);
+      }
+      const T* src = query + plan.rows[e * 2] * q_token_stride + (h * G + g) * D;
+      for (int64_t d = 0; d < D; ++d) st.qt[d][r] = to_float(src[d]);
+    }
+  }
+  return {first, last};
 }
 
+// One item for every kv head: a tile of keys is visited by all heads in turn while its rows
+// (all heads of a token sit together in the pool) are in cache.
 template <typename T>
 void attend_item(const T* query, int64_t q_token_stride, const T* k_cache, const T* v_cache,
                  const CacheView& cache, const Plan& plan, const Params& prm, int64_t item,
-                 int64_t kv_head, Partials part) {
+                 std::vector<LaneState>& states, Partials part) {
   const int32_t* it = plan.items + item * 5;
-  const int64_t seq = it[0], key_lo = it[1], key_hi = it[2], row_begin = it[3], row_end = it[4];
-  const int64_t D = prm.head_dim, G = prm.num_heads / prm.num_kv_heads;
-  const int64_t R = (row_end - row_begin) * G;  // query vectors: rows x heads of the group
-
-  // Per query vector: its visible keys [lo, hi) within this item.
-  std::vector<int64_t> lo(R), hi(R);
-  int64_t first = key_hi, last = key_lo;
-  for (int64_t e = row_begin; e < row_end; ++e) {
-    const int64_t pos = plan.rows[e * 2 + 1];
-    int64_t l = key_lo, h = std::min<int64_t>(key_hi, pos + 1);
-    if (prm.window > 0) l = std::max<int64_t>(l, pos - prm.window + 1);
-    for (int64_t g = 0; g < G; ++g) {
-      lo[(e - row_begin) * G + g] = l;
-      hi[(e - row_begin) * G + g] = h;
-    }
-    if (l < h) {
-      first = std::min(first, l);
-      last = std::max(last, h);
-    }
-  }
-
-  std::vector<float> q(R * D), acc(R * D, 0.0f), m(R, kNegInf), l(R, 0.0f), alpha(R);
-  for (int64_t e = row_begin; e < row_end; ++e) {
-    const int64_t token = plan.rows[e * 2];
-    for (int64_t g = 0; g < G; ++g) {
-      const T* src = query + token * q_token_stride + (kv_head * G + g) * D;
-      float* dst = q.data() + ((e - row_begin) * G + g) * D;
-      for (int64_t d = 0; d < D; ++d) dst[d] = to_float(src[d]);
-    }
-  }
-
-  std::vector<float> kt(KT * D), vb(KT * D), s(R * KT);
+  const int64_t seq = it[0], row_begin = it[3], row_end = it[4];
+  const int64_t D = prm.head_dim, G = prm.num_heads / prm.num_kv_heads, chunks = D / KS;
+  const int64_t R = (row_end - row_begin) * G;  // query vectors per kv head: rows x heads of the group
   const int32_t* table = plan.tables + seq * plan.table_width;
-  const T* k_head = k_cache + kv_head * cache.head_stride;
-  const T* v_head = v_cache + kv_head * cache.head_stride;
-  for (int64_t j0 = first; j0 < last; j0 += KT) {
-    const int64_t n = std::min(KT, last - j0), subs = (n + KS - 1) / KS;
-    load_tile(k_head, v_head, table, cache, j0, n, D, kt.data(), vb.data());
-    for (int64_t sub = 0; sub < subs; ++sub) {
-      const float* kts = kt.data() + sub * D * KS;
-      int64_t r0 = 0;
-      for (; r0 + RB <= R; r0 += RB) scores_block<RB>(q.data(), r0, D, kts, s.data(), sub);
-      for (; r0 < R; ++r0) scores_block<1>(q.data(), r0, D, kts, s.data(), sub);
-    }
-    for (int64_t r = 0; r < R; ++r) {
-      float* sr = s.data() + r * KT;
-      const int64_t vis_lo = lo[r] - j0, vis_hi = std::min(hi[r] - j0, n);
-      float tile_max = kNegInf;
-#pragma omp simd reduction(max : tile_max)
-      for (int64_t j = 0; j < KT; ++j) {
-        float x = sr[j] * prm.scale;
-        if (prm.softcap > 0.0f) x = soft_cap(x, prm.softcap);
-        x = (j >= vis_lo && j < vis_hi) ? x : kNegInf;
-        sr[j] = x;
-        tile_max = std::max(tile_max, x);
-      }
-      if (tile_max == kNegInf) {  // nothing visible here: weights 0, state unchanged
-        std::fill(sr, sr + KT, 0.0f);
-        alpha[r] = 1.0f;
-        continue;
-      }
-      const float m_new = std::max(m[r], tile_max);
-      float sum = 0.0f;
-#pragma omp simd reduction(+ : sum)
-      for (int64_t j = 0; j < KT; ++j) {
-        sr[j] = exp_nonpositive(sr[j] - m_new);
-        sum += sr[j];
-      }
-      alpha[r] = exp_nonpositive(m[r] - m_new);  // m[r] = -inf before the first tile: 0
-      l[r] = l[r] * alpha[r] + sum;
-      m[r] = m_new;
-    }
-    int64_t r0 = 0;
-    for (; r0 + RB <= R; r0 += RB) values_block<RB>(s.data(), alpha.data(), r0, n, D, vb.data(), acc.data());
-    for (; r0 < R; ++r0) values_block<1>(s.data(), alpha.data(), r0, n, D, vb.data(), acc.data());
-  }
 
-  for (int64_t e = row_begin; e < row_end; ++e) {
-    for (int64_t g = 0; g < G; ++g) {
-      const int64_t r = (e - row_begin) * G + g, head = kv_head * G + g;
-      const int64_t slot = e * prm.num_heads + head;
-      part.max[slot] = m[r];
-      part.sum[slot] = l[r];
-      std::memcpy(part.acc + slot * D, acc.data() + r * D, D * sizeof(float));
+  vfloat s[KT];
+  int64_t offsets[KT];
+  const T* krows[KT];
+  const T* vrows[KT];
+  for (int64_t v0 = 0; v0 < R; v0 += L) {
+    const int64_t lanes = std::min(L, R - v0);
+    const auto [first, last] = start_lanes(states, query, q_token_stride, plan, prm, it, v0, lanes);
+    for (int64_t j0 = first; j0 < last; j0 += KT) {
+      const int64_t n = std::min(KT, last - j0), n8 = (n + KB - 1) / KB * KB;
+      for (int64_t j = 0; j < n8; ++j)  // past the last key: any valid row, masked out by position
+        offsets[j] = key_row(k_cache, table, cache, j < n ? j0 + j : j0) - k_cache;
+      // The next tile's rows sit in other blocks of the pool: ask for them now, so their
+      // loads overlap this tile's arithmetic instead of stalling the next one.
+      for (int64_t key = j0 + KT; key < std::min(j0 + 2 * KT, last); ++key) {
+        const int64_t off = key_row(k_cache, table, cache, key) - k_cache;
+        for (int64_t h = 0; h < prm.num_kv_heads; ++h)
+          for (int64_t b = 0; b < D * static_cast<int64_t>(sizeof(T)); b += 64) {
+            __builtin_prefetch(reinterpret_cast<const char*>(k_cache + off + h * cache.head_stride) + b);
+            __builtin_prefetch(reinterpret_cast<const char*>(v_cache + off + h * cache.head_stride) + b);
+          }
+      }
+      for (int64_t h = 0; h < prm.num_kv_heads; ++h) {
+        for (int64_t j = 0; j < n8; ++j) {
+          krows[j] = k_cache + offsets[j] + h * cache.head_stride;
+          vrows[j] = v_cache + offsets[j] + h * cache.head_stride;
+        }
+        lane_scores(states[h], krows, j0, n8, D, prm, s);
+        const vfloat alpha = lane_softmax(states[h], n8, s);
+        lane_values(states[h], vrows, n8, D, lanes, s, alpha);
+      }
     }
+    for (int64_t h = 0; h < prm.num_kv_heads; ++h)
+      for (int64_t r = 0; r < lanes; ++r) {
+        const int64_t e = row_begin + (v0 + r) / G, head = h * G + (v0 + r) % G;
+        const int64_t slot = e * prm.num_heads + head;
+        part.max[slot] = states[h].m[r];
+        part.sum[slot] = states[h].l[r];
+        std::memcpy(part.acc + slot * D, states[h].acc + r * chunks, D * sizeof(float));
+      }
   }
 }
 
@@ -300,7 +340,8 @@ void paged_attention(const at::Tensor& query, const at::Tensor& k_cache, const a
                    static_cast<float>(softcap), window};
   TORCH_CHECK(prm.num_heads % prm.num_kv_heads == 0, "heads must be a multiple of kv heads");
   TORCH_CHECK(k_cache.size(3) == prm.head_dim, "head_dim mismatch");
-  TORCH_CHECK(prm.head_dim % KS == 0, "head_dim must be a multiple of ", KS);
+  TORCH_CHECK(prm.head_dim % KS == 0 && prm.head_dim <= kMaxHeadDim, "head_dim must be a multiple of ", KS,
+              " and at most ", kMaxHeadDim);
   const Plan plan{tables.data_ptr<int32_t>(), tables.size(1), items.data_ptr<int32_t>(), rows.data_ptr<int32_t>()};
   const int64_t num_items = items.size(0), num_entries = rows.size(0), num_tokens = query.size(0);
 
@@ -314,15 +355,14 @@ void paged_attention(const at::Tensor& query, const at::Tensor& k_cache, const a
     const scalar_t* q = query.data_ptr<scalar_t>();
     const scalar_t* kc = k_cache.data_ptr<scalar_t>();
     const scalar_t* vc = v_cache.data_ptr<scalar_t>();
-    const int64_t kvh = prm.num_kv_heads;
     // Items differ in size by orders of magnitude (a shared prompt vs one beam's suffix), so
     // each thread takes the next item when it is done (the plan lists the largest first)
     // instead of parallel_for's one fixed range per thread.
-    const int64_t total = num_items * kvh;
     std::atomic<int64_t> next{0};
-    at::parallel_for(0, std::min<int64_t>(at::get_num_threads(), total), 1, [&](int64_t, int64_t) {
-      for (int64_t w = next++; w < total; w = next++)
-        attend_item<scalar_t>(q, query.stride(0), kc, vc, cache, plan, prm, w / kvh, w % kvh, part);
+    at::parallel_for(0, std::min<int64_t>(at::get_num_threads(), num_items), 1, [&](int64_t, int64_t) {
+      std::vector<LaneState> states(prm.num_kv_heads);
+      for (int64_t w = next++; w < num_items; w = next++)
+        attend_item<scalar_t>(q, query.stride(0), kc, vc, cache, plan, prm, w, states, part);
     });
     scalar_t* o = out.data_ptr<scalar_t>();
     const int32_t* pp = parts_ptr.data_ptr<int32_t>();
