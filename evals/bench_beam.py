@@ -2,9 +2,10 @@
 
 4 prompts of ~1.5k tokens (a MATH-500 problem followed by earlier reasoning steps), each
 forked n=4, 256 new tokens each, T=0.8, ignore EOS: 16 sequences whose contexts are almost
-all shared by the 4 beams of their prompt. Output tokens/s of tts with the attention
-switches off and on (the torch backend that copies the context out of the paged cache; the
-in-place CPU kernel without and with cascade attention), HF `generate` with
+all shared by the 4 beams of their prompt. Output tokens/s of tts with the switches off and
+on one at a time (the torch attention backend that copies the context out of the paged cache;
+the in-place CPU kernel without and with cascade attention; the projections on torch's
+F.linear or on oneDNN), HF `generate` with
 num_return_sequences=4, and vLLM (n=4, prefix caching) when it is installed in this Python.
 
 The earlier steps are the statements of the following MATH-500 problems, one per step:
@@ -30,10 +31,14 @@ from tts_runtime.models.loader import LoadedModel, load_model
 
 # The tts variants: (label, what it measures, engine switches).
 TTS_VARIANTS = (
-    ("tts_torch", "torch backend: gathers each context per layer and step (before)",
-     dict(attention_backend="torch")),
-    ("tts_kernel", "CPU kernel in place, cascade off", dict(attention_backend="cpu", cascade_attention=False)),
-    ("tts_cascade", "CPU kernel in place, cascade on (default)", dict(attention_backend="cpu", cascade_attention=True)),
+    ("tts_torch", "torch attention backend (gathers each context per layer and step), torch linear (before)",
+     dict(attention_backend="torch", linear_backend="torch")),
+    ("tts_kernel", "CPU kernel in place, cascade off, torch linear",
+     dict(attention_backend="cpu", cascade_attention=False, linear_backend="torch")),
+    ("tts_cascade", "CPU kernel in place, cascade on, torch linear",
+     dict(attention_backend="cpu", cascade_attention=True, linear_backend="torch")),
+    ("tts_onednn", "CPU kernel, cascade on, projections and output layer on oneDNN (the default)",
+     dict(attention_backend="cpu", cascade_attention=True, linear_backend="onednn")),
 )
 
 

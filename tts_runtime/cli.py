@@ -174,6 +174,9 @@ def _make_search_command(method: str, summary: str) -> None:
                                                             "cpu, torch or triton.")] = "auto",
         cascade: Annotated[Optional[bool], typer.Option(help="Shared-prefix (cascade) attention (default: on "
                                                              "in the cpu backend, off in triton).")] = None,
+        linear_backend: Annotated[str, typer.Option(help="CPU projections and output layer: auto (onednn where "
+                                                         "torch has it), onednn, or torch (F.linear: MKL for "
+                                                         "fp32).")] = "auto",
         phase_policy: Annotated[str, typer.Option(help="alternate (each engine every step) or batched "
                                                        "(Seesaw: long generator and PRM phases).")] = _C.phase_policy,
         prm_buffer_tokens: Annotated[int, typer.Option(help="batched: switch to the PRM once this many "
@@ -226,7 +229,7 @@ def _make_search_command(method: str, summary: str) -> None:
                               f"{', '.join(ATTENTION_BACKENDS)}")
         _run_search_command(config, selection, generator, prm, out, resume, device,
                             _memory_config(device_memory, memory_split, memory_policy), scale, scheduler, parallel,
-                            backend=backend, attention=(attention_backend, cascade),
+                            backend=backend, attention=(attention_backend, cascade), linear_backend=linear_backend,
                             cohost=CohostConfig(phase_policy, prm_buffer_tokens, generator_low_water,
                                                 generator_buffer_seqs, overlap),
                             cache=CacheConfig(host_kv_bytes=parse_size(host_kv_memory),
@@ -260,8 +263,8 @@ def _run_search_command(config: SearchConfig, selection: dict, generator: str, p
                         resume: bool, device: str, memory: MemoryConfig, scale: ScaleOut | None = None,
                         scheduler: SchedulerConfig = SchedulerConfig(),
                         parallel: ParallelConfig = ParallelConfig(), *, backend: str = "native",
-                        attention: tuple[str, bool] = ("auto", True), cohost: CohostConfig = CohostConfig(),
-                        cache: CacheConfig = CacheConfig()) -> None:
+                        attention: tuple[str, bool] = ("auto", True), linear_backend: str = "auto",
+                        cohost: CohostConfig = CohostConfig(), cache: CacheConfig = CacheConfig()) -> None:
     problems = load_problems(selection["name"], dataset_path=selection["path"], limit=selection["limit"],
                              levels=set(selection["levels"]) if selection["levels"] else None,
                              ids=set(selection["ids"]) if selection["ids"] else None)
@@ -279,10 +282,11 @@ def _run_search_command(config: SearchConfig, selection: dict, generator: str, p
     if backend != "native" and scale is not None:
         raise ConfigError("--backend vllm runs in this process; Ray replicas (--replicas, --ray-address) "
                           "serve the native engine")
+    engine_config = EngineConfig(cache=cache, device=device, scheduler=scheduler, parallel=parallel,
+                                 attention_backend=attention[0], cascade_attention=attention[1],
+                                 linear_backend=linear_backend, cohost=cohost)
     folder = RunFolder.open(out or Path("runs") / f"{config.method}-{time.strftime('%Y%m%d-%H%M%S')}",
                             resume=resume)
-    engine_config = EngineConfig(cache=cache, device=device, scheduler=scheduler, parallel=parallel,
-                                 attention_backend=attention[0], cascade_attention=attention[1], cohost=cohost)
     if scale is not None:
         _run_scaled_command(config, selection, problems, ReplicaSpec(generator, prm, memory, engine_config),
                             folder, scale)

@@ -142,6 +142,9 @@ class CohostConfig:
             raise ConfigError(f"--generator-low-water must be >= 0, got {self.generator_low_water}")
 
 
+LINEAR_BACKENDS = ("auto", "onednn", "torch")
+
+
 @dataclass(frozen=True)
 class EngineConfig:
     cache: CacheConfig = field(default_factory=CacheConfig)
@@ -160,6 +163,10 @@ class EngineConfig:
     # backend's default: on in the cpu kernel (measured), off in triton (not yet measured on
     # a GPU).
     cascade_attention: bool | None = None
+    # The projections and the output layer on the CPU: "onednn" (oneDNN's JIT matmul, which
+    # uses AVX-512 on AMD and Intel alike), "torch" (F.linear: MKL's sgemm for fp32, which
+    # takes a slower path on AMD CPUs), "auto" (onednn where torch has it). GPUs use cuBLAS.
+    linear_backend: str = "auto"
     # GPU execution switches, honoured on CUDA only (the CPU path stays the eager reference):
     # replay decode steps from CUDA graphs captured at padded batch sizes (triton backend),
     # and run RMSNorm, rotary embedding and the gated activation as fused Triton kernels.
@@ -167,6 +174,9 @@ class EngineConfig:
     compile: bool = True
 
     def __post_init__(self) -> None:
+        if self.linear_backend not in LINEAR_BACKENDS:
+            raise ConfigError(f"unknown --linear-backend '{self.linear_backend}'; choose one of "
+                              f"{', '.join(LINEAR_BACKENDS)}")
         if self.cache.host_kv_bytes and self.parallel.pp_size > 1:
             raise ConfigError("--host-kv-memory needs --pp 1: the host KV tier copies blocks in the driver's "
                               "process, and pipeline stages hold the KV; drop one of the two")
@@ -186,7 +196,8 @@ _DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bf
 
 
 def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
-    """`auto` is bf16 on GPU and fp32 on CPU (this CPU lacks AVX512-BF16: fp32 is faster)."""
+    """`auto` is bf16 on GPU and fp32 on CPU: the CPU path is the parity reference, and CPUs
+    without AVX512-BF16 run bf16 slower than fp32 (pass --dtype bfloat16 on those that have it)."""
     if dtype == "auto":
         return torch.bfloat16 if device.type == "cuda" else torch.float32
     if dtype not in _DTYPES:

@@ -190,10 +190,12 @@ class Runtime:
 
     @property
     def backend_info(self) -> dict:
-        """Which engine serves the models, with vLLM's version where it does."""
+        """Which engine serves the models: vLLM's version, or the native engine's kernel switches."""
         if self.backend == "vllm":
             return {"name": "vllm", "vllm": self.generator.vllm_version}
-        return {"name": self.backend}
+        config = self.engine_config
+        return {"name": self.backend, "attention_backend": config.attention_backend,
+                "cascade_attention": config.cascade_attention, "linear_backend": config.linear_backend}
 
     def _start_vllm(self, specs: tuple[ModelSpec, ModelSpec], loaded: tuple[LoadedModel, LoadedModel],
                     dtypes: tuple[torch.dtype, torch.dtype]) -> None:

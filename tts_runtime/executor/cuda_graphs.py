@@ -135,7 +135,7 @@ def padded_decode_logits(model: DecoderModel, kv_caches: list[tuple[torch.Tensor
     """The forward a graph captures: rows [0, padded) of the buffers -> logits [padded, vocab]."""
     hidden = model(buffers.input_ids[:padded], buffers.positions[:padded], kv_caches,
                    buffers.metadata(padded), backend, ops)
-    return model.compute_logits(hidden)
+    return model.compute_logits(hidden, ops=ops)
 
 
 class CudaGraphRunner:

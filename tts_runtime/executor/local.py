@@ -45,14 +45,15 @@ class LocalExecutor:
         if self.graphs is not None and self.graphs.can_run(batch):
             return self.graphs.run(batch)
         hidden = self.model(batch.input_ids, batch.positions, self.kv_caches, batch.meta, self.backend, self.ops)
-        return compute_output_logits(self.model, hidden, batch)
+        return compute_output_logits(self.model, hidden, batch, self.ops)
 
     def shutdown(self) -> None:
         pass
 
 
-def compute_output_logits(model: DecoderModel, hidden: torch.Tensor, batch: ModelInput) -> ModelOutput:
+def compute_output_logits(model: DecoderModel, hidden: torch.Tensor, batch: ModelInput,
+                          ops: LayerOps) -> ModelOutput:
     """Only the rows that are used, and for scores only the candidate columns."""
-    sample_logits = model.compute_logits(hidden[batch.sample_rows])
-    score_logits = [model.compute_logits(hidden[rows], columns) for rows, columns in batch.score_rows]
+    sample_logits = model.compute_logits(hidden[batch.sample_rows], ops=ops)
+    score_logits = [model.compute_logits(hidden[rows], columns, ops) for rows, columns in batch.score_rows]
     return ModelOutput(sample_logits, score_logits)

@@ -206,7 +206,7 @@ class StageWorker:
 
     def _output(self, stage_model: _StageModel, hidden: torch.Tensor, launch: Launch) -> ModelOutput:
         model = stage_model.model
-        output = compute_output_logits(model, model.norm(hidden, self.ops), launch.batch)
+        output = compute_output_logits(model, model.norm(hidden, self.ops), launch.batch, self.ops)
         plan = launch.sample_plan
         if plan is None:
             return output

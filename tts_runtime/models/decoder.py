@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from tts_runtime.models.arch import ArchConfig, RopeConfig
-from tts_runtime.models.layers import (EAGER_OPS, GatedMLP, LayerOps, RMSNorm, inverse_frequencies,
+from tts_runtime.models.layers import (EAGER_OPS, GatedMLP, LayerOps, RMSNorm, inverse_frequencies, project,
                                        rotary_cos_sin)
 
 if TYPE_CHECKING:  # the engine sits above the models: type names only, no import cycle
@@ -42,7 +42,7 @@ class Attention(nn.Module):
                 kv_cache: tuple[torch.Tensor, torch.Tensor], meta: AttentionMetadata,
                 backend: AttentionBackend, ops: LayerOps) -> torch.Tensor:
         t = x.shape[0]
-        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q, k, v = project(x, self.qkv_proj, ops).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = q.view(t, self.num_heads, self.head_dim)
         k = k.view(t, self.num_kv_heads, self.head_dim)
         v = v.view(t, self.num_kv_heads, self.head_dim)
@@ -52,7 +52,7 @@ class Attention(nn.Module):
         k_cache, v_cache = kv_cache
         backend.store_kv(k, v, k_cache, v_cache, meta.slot_mapping)
         out = backend.attend(q, k_cache, v_cache, meta, self.scale, self.window, self.softcap)
-        return self.o_proj(out.reshape(t, self.q_size))
+        return project(out.reshape(t, self.q_size), self.o_proj, ops)
 
 
 class DecoderLayer(nn.Module):
@@ -172,13 +172,14 @@ class DecoderModel(nn.Module):
             names.update(_REWARD_HEAD_WEIGHTS)
         return names
 
-    def compute_logits(self, hidden: torch.Tensor, columns: torch.Tensor | None = None) -> torch.Tensor:
+    def compute_logits(self, hidden: torch.Tensor, columns: torch.Tensor | None = None,
+                       ops: LayerOps = EAGER_OPS) -> torch.Tensor:
         """Logits for the given rows; `columns` restricts the output layer to those token ids
         (with a reward head: to those classes)."""
         if self.score is not None:
             return self._reward_logits(hidden, columns)
         weight = self.output_weight if columns is None else self.output_weight[columns]
-        logits = hidden @ weight.t()
+        logits = ops.linear(hidden, weight, None)
         cap = self.arch.final_logit_softcapping
         if cap is not None:
             logits = cap * torch.tanh(logits / cap)

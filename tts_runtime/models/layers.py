@@ -99,16 +99,22 @@ def act_and_mul(gate_up: torch.Tensor, activation: str) -> torch.Tensor:
 
 @dataclass(frozen=True)
 class LayerOps:
-    """The elementwise ops of a layer, by the signatures of the eager functions above.
-    Replacements may write `rotary_qk`'s q and k in place."""
+    """The ops of a layer, by the signatures of the eager functions above (and F.linear's for
+    the projections and the output layer). Replacements may write `rotary_qk`'s q and k in
+    place."""
 
     rms_norm: Callable[[torch.Tensor, torch.Tensor, float, bool], torch.Tensor]
     rotary_qk: Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor],
                         tuple[torch.Tensor, torch.Tensor]]
     act_and_mul: Callable[[torch.Tensor, str], torch.Tensor]
+    linear: Callable[[torch.Tensor, torch.Tensor, torch.Tensor | None], torch.Tensor] = F.linear
 
 
 EAGER_OPS = LayerOps(rms_norm, rotary_qk, act_and_mul)
+
+
+def project(x: torch.Tensor, layer: nn.Linear, ops: LayerOps) -> torch.Tensor:
+    return ops.linear(x, layer.weight, layer.bias)
 
 
 class GatedMLP(nn.Module):
@@ -123,4 +129,4 @@ class GatedMLP(nn.Module):
         self.activation = activation
 
     def forward(self, x: torch.Tensor, ops: LayerOps) -> torch.Tensor:
-        return self.down_proj(ops.act_and_mul(self.gate_up_proj(x), self.activation))
+        return project(ops.act_and_mul(project(x, self.gate_up_proj, ops), self.activation), self.down_proj, ops)
