@@ -35,7 +35,7 @@ from tts_runtime.runtime import Runtime
 _ZERO = RunCounters(EngineCounters(), EngineCounters(), 0, 0)
 _BATCH_ONE = "tts-batch-1"
 _TTS_VLLM, _SAL_VLLM = "tts-vllm", "sal-vllm"
-_TORCH_ATTENTION = "tts-torch-attention"
+_TORCH_KERNELS = "tts-torch-kernels"
 # (key in a side's measurement, label, format)
 _ROWS = (
     ("problems_per_min", "problems/min", "{:.2f}"),
@@ -59,9 +59,10 @@ class SearchBench:
     out_dir: Path = Path("docs/benchmarks")
     vllm: bool = False  # add tts on vLLM and search-and-learn's vLLM + HF configuration (evals/bench_vllm.py)
     batch_one: bool = True  # tts at problem batch 1 beside it (the engine's share of the speed-up)
-    # tts with the torch attention backend beside it: decode attention that copies every
-    # context out of the paged cache, as before the in-place kernel (issue 15's "before").
-    torch_attention: bool = False
+    # tts on torch's kernels beside it: the attention backend that copies every context out
+    # of the paged cache and F.linear for the projections, as before the in-place kernel and
+    # the oneDNN projections (issue 15's "before").
+    torch_kernels: bool = False
 
 
 @dataclass
@@ -134,11 +135,11 @@ def bench_search(bench: SearchBench, *, command: Sequence[str],
     runtime = Runtime(bench.generator, bench.prm, memory=bench.memory)
     variants = {"tts": _logged(log, f"tts (problem batch {config.problem_batch})",
                                lambda: _measure_tts(runtime, problems, config))}
-    if bench.torch_attention:
+    if bench.torch_kernels:
         before = Runtime(bench.generator, bench.prm, memory=bench.memory,
-                         engine_config=EngineConfig(attention_backend="torch"))
-        variants[_TORCH_ATTENTION] = _logged(log, "tts, torch attention backend",
-                                             lambda: _measure_tts(before, problems, config))
+                         engine_config=EngineConfig(attention_backend="torch", linear_backend="torch"))
+        variants[_TORCH_KERNELS] = _logged(log, "tts on torch's kernels (attention and linear)",
+                                           lambda: _measure_tts(before, problems, config))
     if config.problem_batch > 1 and bench.batch_one:
         # The engine alone, one problem at a time like the baseline: splits the speed-up into
         # the engine's share and problem batching's.
@@ -156,7 +157,7 @@ def bench_search(bench: SearchBench, *, command: Sequence[str],
         rounds.run(variants, bench.rounds)
     finally:
         runtime.shutdown()
-        if bench.torch_attention:
+        if bench.torch_kernels:
             before.shutdown()
         if stop_vllm is not None:
             stop_vllm()
@@ -172,9 +173,9 @@ def bench_search(bench: SearchBench, *, command: Sequence[str],
         data["ratio"] = {label: {key: _ratio(data["median"][label][key], data["median"]["baseline"][key])
                                  for key in ("problems_per_min", "generator_tokens_per_s", "prm_tokens_per_s")}
                          for label in rounds.runs if label != "baseline"}
-    if _TORCH_ATTENTION in rounds.runs:
-        data["ratio_to_torch_attention"] = {
-            key: _ratio(data["median"]["tts"][key], data["median"][_TORCH_ATTENTION][key])
+    if _TORCH_KERNELS in rounds.runs:
+        data["ratio_to_torch_kernels"] = {
+            key: _ratio(data["median"]["tts"][key], data["median"][_TORCH_KERNELS][key])
             for key in ("problems_per_min", "generator_tokens_per_s", "prm_tokens_per_s")}
     if _SAL_VLLM in rounds.runs:
         # search-and-learn on vLLM is the configuration users run today: the baseline to beat.
@@ -199,7 +200,7 @@ def _markdown(data: dict[str, Any]) -> str:
     header = {"tts": f"tts (batch {config['problem_batch']})", _BATCH_ONE: "tts (batch 1)", "baseline": "HF baseline",
               _TTS_VLLM: f"tts on vLLM (batch {config['problem_batch']})",
               _SAL_VLLM: "search-and-learn: vLLM generator, HF PRM",
-              _TORCH_ATTENTION: f"tts, torch attention (batch {config['problem_batch']})"}
+              _TORCH_KERNELS: f"tts, torch kernels (batch {config['problem_batch']})"}
     ratio_labels = [label for label in labels if label in ratios]
     lines = [
         "# Search benchmark: tts vs plain HF beam search",
@@ -231,7 +232,7 @@ def _markdown(data: dict[str, Any]) -> str:
         f"({cache['hits']} hits, {cache['misses']} misses). Last round, batch {config['problem_batch']}.",
         "",
         *_sal_vllm_lines(data, header),
-        *_torch_attention_lines(data),
+        *_torch_kernels_lines(data),
         "Machine: " + ", ".join(f"{k} {v}" for k, v in data["machine"].items() if v is not None) + ". "
         "Versions: " + ", ".join(f"{k} {v}" for k, v in data["versions"].items()) + ".",
         "",
@@ -254,12 +255,12 @@ def _sal_vllm_lines(data: dict[str, Any], header: dict[str, str]) -> list[str]:
             f"one problem at a time; vLLM settings in docs/vllm.md): {cells}.", ""]
 
 
-def _torch_attention_lines(data: dict[str, Any]) -> list[str]:
-    ratios = data.get("ratio_to_torch_attention")
+def _torch_kernels_lines(data: dict[str, Any]) -> list[str]:
+    ratios = data.get("ratio_to_torch_kernels")
     if not ratios:
         return []
-    return ["tts (in-place CPU attention kernel, cascade on) over tts with the torch attention backend (each "
-            "context copied out of the paged cache per layer and step): problems/min "
+    return ["tts (in-place CPU attention kernel with cascade, projections on oneDNN) over tts on torch's kernels "
+            "(each context copied out of the paged cache per layer and step, F.linear): problems/min "
             f"{_times(ratios['problems_per_min'])}, generator tokens/s {_times(ratios['generator_tokens_per_s'])}, "
             f"PRM tokens/s {_times(ratios['prm_tokens_per_s'])}.", ""]
 

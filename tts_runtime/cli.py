@@ -493,9 +493,9 @@ def bench_search_command(
     backend: Annotated[str, typer.Option(help="vllm: also tts on vLLM and search-and-learn's configuration "
                                               "(generator on vLLM, PRM on HF re-encoding).")] = "native",
     batch_one: Annotated[bool, typer.Option(help="Also tts at problem batch 1.")] = True,
-    torch_attention: Annotated[bool, typer.Option(help="Also tts with the torch attention backend (copies "
-                                                       "each context out of the cache: the before of the "
-                                                       "in-place kernel).")] = False,
+    torch_kernels: Annotated[bool, typer.Option(help="Also tts on torch's kernels: the attention backend "
+                                                     "that copies each context out of the cache and F.linear "
+                                                     "(the before of the in-place kernel and oneDNN).")] = False,
 ) -> None:
     """Beam search, tts vs the plain HF baseline, side by side on the first N MATH-500 problems
     (writes search.json and search.md to --out-dir)."""
@@ -506,7 +506,7 @@ def bench_search_command(
     bench = SearchBench(config=config, limit=limit, generator=generator, prm=prm, dataset_path=dataset_path,
                         memory=_memory_config(device_memory, 0.3, "static"), rounds=rounds, baseline=baseline,
                         out_dir=out_dir, vllm=backend == "vllm", batch_one=batch_one,
-                        torch_attention=torch_attention)
+                        torch_kernels=torch_kernels)
     report = bench_search(bench, command=["tts", *sys.argv[1:]], log=console.print)
     typer.echo(report.markdown)
 
