@@ -95,16 +95,19 @@ def test_eager_ops_match_hf_formulas_exactly():
 
 def test_gpu_switches_leave_the_cpu_path_unchanged(generator_model):
     """On CPU the switches (both on by default) change nothing: no graph runner, the eager
-    ops (bit-exact with HF, above), the same tokens as with both off."""
+    elementwise ops (bit-exact with HF, above), the same ops and tokens as with both off."""
     prompt, greedy = [1, 2, 3, 4, 5, 6, 7, 8, 9], SamplingParams(temperature=0, max_tokens=3)
     small = CacheConfig(num_blocks=4)
     on = Engine(generator_model.name, EngineConfig(cache=small, cuda_graphs=True, compile=True),
                 loaded=generator_model)
     assert on.executor.graphs is None
-    assert on.executor.ops is EAGER_OPS
+    ops = on.executor.ops
+    assert (ops.rms_norm, ops.rotary_qk, ops.act_and_mul) == (EAGER_OPS.rms_norm, EAGER_OPS.rotary_qk,
+                                                              EAGER_OPS.act_and_mul)
     got_on = on.generate([prompt], greedy)[0].completions[0].token_ids
     off = Engine(generator_model.name, EngineConfig(cache=small, cuda_graphs=False, compile=False),
                  loaded=generator_model)
+    assert off.executor.ops == ops
     assert off.generate([prompt], greedy)[0].completions[0].token_ids == got_on
 
 
