@@ -518,6 +518,9 @@ def bench_scaleout_command(
     beam_width: Annotated[int, typer.Option()] = 4,
     num_iterations: Annotated[int, typer.Option()] = 5,
     max_step_tokens: Annotated[int, typer.Option()] = 64,
+    max_tokens: Annotated[int, typer.Option(help="Token cap of the last iteration's run to the end "
+                                                 "(the recipe's 2048 lets one long problem set the wall "
+                                                 "time of a small run).")] = 2048,
     problem_batch: Annotated[int, typer.Option(help="Searches in flight per replica.")] = 8,
     rounds: Annotated[int, typer.Option(help="Alternating rounds of the three variants; medians.")] = 2,
     dataset_path: Annotated[Optional[str], typer.Option()] = None,
@@ -528,7 +531,7 @@ def bench_scaleout_command(
     from evals.bench_scaleout import ScaleoutBench, bench_scaleout
 
     config = SearchConfig(method="beam", n=n, beam_width=beam_width, num_iterations=num_iterations,
-                          max_step_tokens=max_step_tokens, problem_batch=problem_batch)
+                          max_step_tokens=max_step_tokens, max_tokens=max_tokens, problem_batch=problem_batch)
     spec = ReplicaSpec(DEFAULT_GENERATOR, DEFAULT_PRM, _memory_config(device_memory, 0.3, "static"),
                        EngineConfig(device="cpu"))
     path = bench_scaleout(ScaleoutBench(spec, config, limit, rounds, dataset_path),
