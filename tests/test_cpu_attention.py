@@ -142,3 +142,15 @@ def test_cli_rejects_an_unknown_attention_backend_in_one_line():
     result = CliRunner().invoke(app, ["beam", "--limit", "1", "--attention-backend", "flash"])
     assert result.exit_code == 2
     assert "error: unknown attention backend 'flash'" in result.output
+
+
+@pytest.mark.parametrize("head_dim", [72, 288], ids=["not-a-multiple-of-16", "over-256"])
+def test_head_sizes_the_kernel_does_not_take_go_to_the_fallback(kernel, head_dim: int) -> None:
+    case = Case(CASES["forks-of-one-prompt"].seqs, head_dim=head_dim)
+    query, k_cache, v_cache, meta = build(case)
+    scale = head_dim ** -0.5
+    ref = TorchAttention().attend(query, k_cache, v_cache, meta, scale, None, None)
+    out = CpuPagedAttention(kernel, fallback=TorchAttention()).attend(query, k_cache, v_cache, meta, scale, None, None)
+    assert torch.equal(out, ref)
+    with pytest.raises(RuntimeError, match="head_dim must be a multiple of 16 and at most 256"):
+        CpuPagedAttention(kernel).attend(query, k_cache, v_cache, meta, scale, None, None)
