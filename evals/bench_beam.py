@@ -39,6 +39,8 @@ TTS_VARIANTS = (
      dict(attention_backend="cpu", cascade_attention=True, linear_backend="torch")),
     ("tts_onednn", "CPU kernel, cascade on, projections and output layer on oneDNN (the default)",
      dict(attention_backend="cpu", cascade_attention=True, linear_backend="onednn")),
+    ("tts_prepacked", "as tts_onednn, on weights prepacked into oneDNN's blocked layout (--linear-backend prepacked)",
+     dict(attention_backend="cpu", cascade_attention=True, linear_backend="prepacked")),
 )
 
 
@@ -51,7 +53,9 @@ class BeamBenchConfig:
     new_tokens: int = 256
     repeats: int = 3
     hf: bool = True
-    dtype: torch.dtype = torch.float32
+    # The first dtype runs every tts variant; each further one runs the two oneDNN tts
+    # variants, HF and vLLM again, so each side is also measured at its best dtype.
+    dtypes: tuple[torch.dtype, ...] = (torch.float32,)
 
 
 def beam_prompts(loaded: LoadedModel, count: int, target: int) -> list[list[int]]:
@@ -105,7 +109,8 @@ def _vllm_runner(loaded: LoadedModel, config: BeamBenchConfig):
         return None
     from evals.bench_vllm import vllm_engine
 
-    engine = vllm_engine(loaded, config.dtype, config.prompts * (config.prompt_tokens + config.n * config.new_tokens))
+    dtype = loaded.model.output_weight.dtype
+    engine = vllm_engine(loaded, dtype, config.prompts * (config.prompt_tokens + config.n * config.new_tokens))
     engine.generate([p[:64] for p in beam_prompts(loaded, 1, 64)], SamplingParams(max_tokens=2))  # warm-up
     params = SamplingParams(temperature=0.8, n=config.n, max_tokens=config.new_tokens, ignore_eos=True)
 
@@ -117,28 +122,39 @@ def _vllm_runner(loaded: LoadedModel, config: BeamBenchConfig):
     return run
 
 
-def bench_beam(config: BeamBenchConfig) -> tuple[SideBySide, dict[str, str]]:
-    loaded = load_model(config.generator, config.dtype, torch.device("cpu"))
+def _dtype_name(dtype: torch.dtype) -> str:
+    return {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}[dtype]
+
+
+def _sides(config: BeamBenchConfig, dtype: torch.dtype, all_tts: bool, suffix: str,
+           variants: dict, labels: dict) -> None:
+    """Adds this dtype's variants: every tts variant (or only the default), HF, vLLM."""
+    loaded = load_model(config.generator, dtype, torch.device("cpu"))
     prompts = beam_prompts(loaded, config.prompts, config.prompt_tokens)
-    variants, labels = {}, {}
-    for label, meaning, switches in TTS_VARIANTS:
+    for label, meaning, switches in TTS_VARIANTS if all_tts else TTS_VARIANTS[-2:]:
         # Prefix caching off: every repetition prefills its prompts like the first (the forks
         # of a prompt still share its blocks).
         cache = CacheConfig(enable_prefix_caching=False, num_blocks=_blocks_needed(config))
         engine = Engine(config.generator, EngineConfig(cache=cache, **switches), loaded=loaded)
         _tts(engine, [p[:64] for p in prompts], BeamBenchConfig(new_tokens=2))  # warm-up
-        variants[label] = lambda e=engine: _tts(e, prompts, config)
-        labels[label] = meaning
+        variants[label + suffix] = lambda e=engine, p=prompts: _tts(e, p, config)
+        labels[label + suffix] = meaning
     if config.hf:
         from transformers import AutoModelForCausalLM
 
-        hf = AutoModelForCausalLM.from_pretrained(loaded.folder, dtype=config.dtype).eval()
-        variants["hf"] = lambda: _hf(hf, loaded.tokenizer, prompts, config)
-        labels["hf"] = f"HF generate, num_return_sequences={config.n}"
+        hf = AutoModelForCausalLM.from_pretrained(loaded.folder, dtype=dtype).eval()
+        variants["hf" + suffix] = lambda m=hf, p=prompts: _hf(m, loaded.tokenizer, p, config)
+        labels["hf" + suffix] = f"HF generate, num_return_sequences={config.n}"
     vllm = _vllm_runner(loaded, config)
     if vllm is not None:
-        variants["vllm"] = lambda: vllm(prompts)
-        labels["vllm"] = f"vLLM, n={config.n}, prefix caching on"
+        variants["vllm" + suffix] = lambda run=vllm, p=prompts: run(p)
+        labels["vllm" + suffix] = f"vLLM, n={config.n}, prefix caching on"
+
+
+def bench_beam(config: BeamBenchConfig) -> tuple[SideBySide, dict[str, str]]:
+    variants, labels = {}, {}
+    for i, dtype in enumerate(config.dtypes):
+        _sides(config, dtype, i == 0, "" if i == 0 else "_" + _dtype_name(dtype), variants, labels)
     side = SideBySide("beam")
     side.run(variants, config.repeats)
     return side, labels
@@ -155,12 +171,19 @@ def run_beam_bench(config: BeamBenchConfig, command: str) -> str:
                      "tokens/s": "-", "vs tts_torch": "-"})
     summary = {"tokens_per_s": rates, "speedup_vs_torch_backend": {k: r / before for k, r in rates.items()},
                "raw": side.runs}
+    best = {peer: max((r, k) for k, r in rates.items() if k.startswith(peer))
+            for peer in ("tts_onednn", "tts_prepacked", "hf", "vllm") if any(k.startswith(peer) for k in rates)}
+    dtypes = ", ".join(str(d).removeprefix("torch.") for d in config.dtypes)
     notes = [f"{config.prompts} prompts of {config.prompt_tokens} tokens, n={config.n}, {config.new_tokens} new "
-             f"tokens each, T=0.8, ignore EOS, dtype {str(config.dtype).removeprefix('torch.')}; medians of "
-             f"{config.repeats} alternating repetitions ({', '.join(side.runs)}, ...) in one process.",
+             f"tokens each, T=0.8, ignore EOS; dtype {dtypes} (unsuffixed rows: the first; a suffix names the "
+             f"dtype of the others); medians of {config.repeats} alternating repetitions "
+             f"({', '.join(side.runs)}, ...) in one process.",
              "Every tts repetition re-prefills its prompts (prefill is part of the time, as for HF); "
              "the prompt blocks are shared by the 4 forks of each prompt.",
              "Prompts: a MATH-500 problem, then the statements of the following problems as earlier steps.",
+             "Each side at its best dtype: " + ", ".join(f"{peer} {r:.1f} tok/s ({k})" for peer, (r, k) in best.items())
+             + "".join(f"; {ours} / {peer} {best[ours][0] / best[peer][0]:.2f}x"
+                       for ours in ("tts_onednn", "tts_prepacked") for peer in ("hf", "vllm") if peer in best) + ".",
              "The profile that motivated the CPU kernel: `py-spy record -o beam.svg -- .venv/bin/tts beam "
              "--dataset math500 --limit 1 --num-iterations 4 --no-sort-completed --attention-backend torch` "
              "(drop the last option for the kernel); issue 15 measured `gather_kv` at 26% and the attention "

@@ -30,7 +30,7 @@ import torch
 GiB = 1 << 30
 MiB = 1 << 20
 # Bump when what a profile measures changes, so cached profiles are not reused.
-PROFILE_VERSION = 3
+PROFILE_VERSION = 4
 
 
 @dataclass(frozen=True)
@@ -106,16 +106,19 @@ def _measure_cpu(forward: Callable[[], None]) -> int:
 
 def profile_model(model: str, module: torch.nn.Module, kv_bytes_per_token: int, num_layers: int,
                   block_size: int, profiled_tokens: int, forward: Callable[[], None],
-                  device: torch.device, non_torch: Callable[[], int | None], flops_per_token: int) -> MemoryProfile:
+                  device: torch.device, non_torch: Callable[[], int | None], flops_per_token: int,
+                  packed_weights_bytes: int) -> MemoryProfile:
     """Profile one loaded model. `forward` is its profiling forward (set up by the caller);
     `non_torch()` reads the device memory torch does not hold, after the forward (None on
-    a CPU, whose budget is a stand-in that the process itself is outside of)."""
+    a CPU, whose budget is a stand-in that the process itself is outside of);
+    `packed_weights_bytes` is what the executor's layout copies of the weights add."""
     forward()  # warm-up: lazy kernel/library initialisation is not activation memory
     activations, method = measure_forward(forward, device)
     outside = non_torch()
     method += ("; non-torch = device memory in use minus torch's reservation" if outside is not None
                else "; non-torch memory is outside a CPU budget (0)")
-    return MemoryProfile(model=model, weights_bytes=weight_bytes(module), activation_bytes=activations,
+    return MemoryProfile(model=model, weights_bytes=weight_bytes(module) + packed_weights_bytes,
+                         activation_bytes=activations,
                          non_torch_bytes=outside or 0, kv_bytes_per_token=kv_bytes_per_token,
                          num_layers=num_layers, block_size=block_size, profiled_tokens=profiled_tokens,
                          method=method, flops_per_token=flops_per_token)

@@ -174,9 +174,10 @@ def _make_search_command(method: str, summary: str) -> None:
                                                             "cpu, torch or triton.")] = "auto",
         cascade: Annotated[Optional[bool], typer.Option(help="Shared-prefix (cascade) attention (default: on "
                                                              "in the cpu backend, off in triton).")] = None,
-        linear_backend: Annotated[str, typer.Option(help="CPU projections and output layer: auto (onednn where "
-                                                         "torch has it), onednn, or torch (F.linear: MKL for "
-                                                         "fp32).")] = "auto",
+        linear_backend: Annotated[str, typer.Option(help="CPU projections and output layer: auto "
+                                                         "(onednn where torch has it), onednn, prepacked (oneDNN "
+                                                         "on weights reordered once: faster decode, a packed "
+                                                         "copy in the memory budget), or torch (F.linear).")] = "auto",
         phase_policy: Annotated[str, typer.Option(help="alternate (each engine every step) or batched "
                                                        "(Seesaw: long generator and PRM phases).")] = _C.phase_policy,
         prm_buffer_tokens: Annotated[int, typer.Option(help="batched: switch to the PRM once this many "
@@ -630,8 +631,9 @@ def bench_engine_command(
     beams: Annotated[int, typer.Option(help="Score workload: beams.")] = 16,
     steps: Annotated[int, typer.Option(help="Score workload: steps per beam.")] = 8,
     repeats: Annotated[int, typer.Option(help="Alternating repetitions; medians reported.")] = 3,
-    dtypes: Annotated[str, typer.Option(help="Generate and score workloads: both sides at each of these "
-                                             "dtypes, e.g. float32,bfloat16.")] = "float32",
+    dtypes: Annotated[str, typer.Option(help="Every side at each of these dtypes, e.g. float32,bfloat16 "
+                                             "(beam workload: the first runs every tts variant, the others "
+                                             "the oneDNN ones, HF and vLLM).")] = "float32",
     workload: Annotated[str, typer.Option(help="all: generate, score and beam; generate-score: the first two; "
                                                "beam: only the beam-shaped "
                                                "decode; attention: one layer's attention at beam "
@@ -658,7 +660,8 @@ def bench_engine_command(
                                    repeats=repeats, dtypes=parse_dtypes(dtypes), vllm=backend == "vllm")
         typer.echo(run_engine_bench(config, command))
     if workload in ("all", "beam"):
-        typer.echo(run_beam_bench(BeamBenchConfig(new_tokens=beam_new_tokens, repeats=repeats, hf=beam_hf), command))
+        typer.echo(run_beam_bench(BeamBenchConfig(new_tokens=beam_new_tokens, repeats=repeats, hf=beam_hf,
+                                                  dtypes=parse_dtypes(dtypes)), command))
 
 
 @command(bench_app, "gpu")

@@ -142,7 +142,7 @@ class CohostConfig:
             raise ConfigError(f"--generator-low-water must be >= 0, got {self.generator_low_water}")
 
 
-LINEAR_BACKENDS = ("auto", "onednn", "torch")
+LINEAR_BACKENDS = ("auto", "prepacked", "onednn", "torch")
 
 
 @dataclass(frozen=True)
@@ -164,8 +164,10 @@ class EngineConfig:
     # a GPU).
     cascade_attention: bool | None = None
     # The projections and the output layer on the CPU: "onednn" (oneDNN's JIT matmul, which
-    # uses AVX-512 on AMD and Intel alike), "torch" (F.linear: MKL's sgemm for fp32, which
-    # takes a slower path on AMD CPUs), "auto" (onednn where torch has it). GPUs use cuBLAS.
+    # uses AVX-512 on AMD and Intel alike), "prepacked" (the same on weights reordered once
+    # into oneDNN's blocked layout: a packed copy beside the module's, counted in the memory
+    # profile), "torch" (F.linear: MKL's sgemm for fp32, which takes a slower path on AMD
+    # CPUs), "auto" (onednn where torch has it). GPUs use cuBLAS.
     linear_backend: str = "auto"
     # GPU execution switches, honoured on CUDA only (the CPU path stays the eager reference):
     # replay decode steps from CUDA graphs captured at padded batch sizes (triton backend),

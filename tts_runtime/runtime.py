@@ -33,6 +33,7 @@ from tts_runtime.executor.build import build_local_executor
 from tts_runtime.executor.device_memory import device_memory_info
 from tts_runtime.engine.engine import Engine
 from tts_runtime.executor.kv_cache import KVAllocation, bytes_per_block, element_size, shared_kv_views
+from tts_runtime.executor.layer_ops import packed_weight_bytes, resolved_linear_backend
 from tts_runtime.executor.pipeline import PipelineGroup, StageModel
 from tts_runtime.executor.profiling import EngineRole, profile_tokens, profiling_forward
 from tts_runtime.engine.request import RequestOutput, SamplingParams, ScoreParams
@@ -66,7 +67,8 @@ def profile_one(loaded: LoadedModel, role: EngineRole, config: EngineConfig,
     tokens = profile_tokens(loaded, config.scheduler.max_num_batched_tokens)
     key = {"model": loaded.name, "dtype": str(weight.dtype), "device": str(weight.device), "role": role,
            "tokens": tokens, "max_num_seqs": config.scheduler.max_num_seqs,
-           "block_size": config.cache.block_size, "attention": config.attention_backend}
+           "block_size": config.cache.block_size, "attention": config.attention_backend,
+           "linear": resolved_linear_backend(weight.device, config)}
     cached = cache.get(key) if cache is not None else None
     if cached is not None:
         return cached
@@ -77,7 +79,9 @@ def profile_one(loaded: LoadedModel, role: EngineRole, config: EngineConfig,
     profile = profile_model(loaded.name, loaded.model, arch.kv_bytes_per_token(weight.element_size()),
                             arch.num_layers, config.cache.block_size, tokens, forward, weight.device,
                             lambda: device_memory_info(weight.device).non_torch,
-                            flops_per_token=2 * (arch.num_parameters() - tables))
+                            flops_per_token=2 * (arch.num_parameters() - tables),
+                            packed_weights_bytes=packed_weight_bytes(loaded.model, role == "generate",
+                                                                     weight.device, config))
     if cache is not None:
         cache.put(key, profile)
     return profile
@@ -195,7 +199,8 @@ class Runtime:
             return {"name": "vllm", "vllm": self.generator.vllm_version}
         config = self.engine_config
         return {"name": self.backend, "attention_backend": config.attention_backend,
-                "cascade_attention": config.cascade_attention, "linear_backend": config.linear_backend}
+                "cascade_attention": config.cascade_attention,
+                "linear_backend": resolved_linear_backend(resolve_device(config.device), config)}
 
     def _start_vllm(self, specs: tuple[ModelSpec, ModelSpec], loaded: tuple[LoadedModel, LoadedModel],
                     dtypes: tuple[torch.dtype, torch.dtype]) -> None:

@@ -50,7 +50,7 @@ def build_local_executor(loaded: LoadedModel, config: EngineConfig, num_blocks: 
         loaded.arch, num_blocks, config.cache.block_size, dtype, device)
     backend = select_backend(config.attention_backend, device, config.group_decodes_by_length,
                              config.cascade_attention)
-    ops = layer_ops(device, config)
+    ops = layer_ops(device, config, [loaded.model])
     return LocalExecutor(loaded.model, caches, backend, ops,
                          decode_graphs(loaded, caches, backend, ops, config, num_blocks))
 

@@ -2,12 +2,19 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import replace
 
 import torch
+from torch import nn
 
 from tts_runtime.config import ConfigError, EngineConfig
 from tts_runtime.models.layers import EAGER_OPS, LayerOps
+
+# The row count oneDNN picks its blocked weight layout for; measured at 1, 16 and 512 rows
+# on SmolLM2's 3072x576 projection, a layout chosen for 128 rows was as fast as the best
+# at each.
+_PACKING_ROWS_HINT = 128
 
 
 def onednn_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
@@ -17,19 +24,65 @@ def onednn_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
     return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
 
 
-def layer_ops(device: torch.device, config: EngineConfig) -> LayerOps:
+class PrepackedLinear:
+    """oneDNN's matmul on weights reordered once into oneDNN's blocked layout. Given a plain
+    weight, oneDNN reorders it on every call; vLLM's CPU path prepacks for the same reason.
+
+    The packed copy of a weight is made on its first use, so a model's output layer is
+    packed only by an engine that samples from it (a PRM computes a few columns of it, a
+    new tensor each time, which stays plain). Packed copies are memory on top of the
+    module's weights, and `packed_weight_bytes` tells the memory profile how much."""
+
+    def __init__(self, models: Sequence[nn.Module]) -> None:
+        self._weights = {id(p): p for model in models for p in model.parameters()}
+        self._packed: dict[int, torch.Tensor] = {}
+
+    def __call__(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        key = id(weight)
+        packed = self._packed.get(key)
+        if packed is None:
+            if self._weights.get(key) is not weight:
+                return onednn_linear(x, weight, bias)
+            packed = self._packed[key] = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), _PACKING_ROWS_HINT)
+        return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
+
+
+def resolved_linear_backend(device: torch.device, config: EngineConfig) -> str:
+    """What `linear_backend` means on this device: "prepacked", "onednn", "torch", or
+    "cuda" (cuBLAS through F.linear)."""
+    if device.type == "cuda":
+        return "cuda"
+    backend = config.linear_backend
+    if backend in ("onednn", "prepacked") and not torch.backends.mkldnn.is_available():
+        raise ConfigError(f"--linear-backend {backend} needs a torch built with oneDNN (mkldnn); "
+                          "use --linear-backend torch")
+    if backend == "auto":
+        return "onednn" if torch.backends.mkldnn.is_available() else "torch"
+    return backend
+
+
+def packed_weight_bytes(model: nn.Module, samples: bool, device: torch.device, config: EngineConfig) -> int:
+    """Bytes the prepacked backend adds to a model's weights: its projections, and the output
+    layer where the engine samples."""
+    if resolved_linear_backend(device, config) != "prepacked":
+        return 0
+    weights = [m.weight for m in model.layers.modules() if isinstance(m, nn.Linear)]
+    if samples:
+        weights.append(model.output_weight)
+    return sum(w.numel() * w.element_size() for w in weights)
+
+
+def layer_ops(device: torch.device, config: EngineConfig, models: Sequence[nn.Module]) -> LayerOps:
     """Fused Triton kernels on CUDA when `compile` is on; on the CPU the eager elementwise
-    ops (bit-exact with HF) with the projections on oneDNN or torch (`linear_backend`)."""
+    ops (bit-exact with HF) with the projections on oneDNN (prepacked or plain) or torch
+    (`linear_backend`)."""
     if device.type == "cuda":
         if config.compile:
             from tts_runtime.models.fused_ops import FUSED_OPS  # imports triton: CUDA only
 
             return FUSED_OPS
         return EAGER_OPS
-    backend = config.linear_backend
-    if backend == "onednn" and not torch.backends.mkldnn.is_available():
-        raise ConfigError("--linear-backend onednn needs a torch built with oneDNN (mkldnn); "
-                          "use --linear-backend torch")
-    if backend == "torch" or (backend == "auto" and not torch.backends.mkldnn.is_available()):
+    backend = resolved_linear_backend(device, config)
+    if backend == "torch":
         return EAGER_OPS
-    return replace(EAGER_OPS, linear=onednn_linear)
+    return replace(EAGER_OPS, linear=PrepackedLinear(models) if backend == "prepacked" else onednn_linear)

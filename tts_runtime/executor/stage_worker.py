@@ -115,7 +115,7 @@ class StageWorker:
         device = torch.device("cpu")
         self.backend = select_backend(setup.config.attention_backend, device, setup.config.group_decodes_by_length,
                                       setup.config.cascade_attention)
-        self.ops = layer_ops(device, setup.config)
+        self.ops = layer_ops(device, setup.config, [m.model for m in self.models.values()])
         self.generator = torch.Generator().manual_seed(setup.config.seed)
         self.buffers = [_InputBuffers(), _InputBuffers()]
         self.free_versions = [threading.Semaphore(1), threading.Semaphore(1)]
