@@ -1,42 +1,62 @@
 """`tts bench cohost`: how the co-hosted pair is driven, side by side on one beam-search
-workload (issue 13 parts 2 and 3).
+workload (issue 13 parts 2-4).
 
 Variants: today's alternation (each engine every runtime step), batched phases (Seesaw's
 transition-minimising rule), overlapped forwards (a worker process per engine on CPU, a
-CUDA stream each on a GPU), and both. Every variant runs the same problems with the same
-seeds, in alternating rounds (A, B, C, D, A, B ...), medians reported: problems/min, each
-engine's mean batch (sequences per forward), phase transitions, each engine's busy fraction
-(time with a forward in flight over the search's wall time), and whether the predictions
-equal the alternating baseline's. A runtime is built for each run (overlap needs its own
-worker processes) from models loaded once; building it is outside the timing.
+CUDA stream each on a GPU), both, FastTTS's speculative beam extension and prefix-aware
+ordering each on its own, and all of them together. (The host KV tier is measured on a
+memory-squeezed run of its own, `tts bench tiered-kv`: on CPU its copies are made in the
+driver's process, so it does not combine with overlap's worker processes.) Every variant
+runs the same problems with the same seeds, in alternating rounds (A, B, C, D, A, B ...),
+medians reported: problems/min, goodput (tokens the search used per second), each engine's
+mean batch (sequences per forward), phase transitions, each engine's busy fraction (time
+with a forward in flight over the search's wall time), and whether the predictions equal
+the alternating baseline's. A runtime is built for each run (overlap needs its own worker
+processes) from models loaded once; building it is outside the timing.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from evals.bench import SideBySide, search_inputs, write_report
+from evals.metrics import EngineCounters, speculation
 from memory.split import MemoryConfig
 from search.config import SearchConfig
 from search.driver import run_search
 from search.problem import Problem
-from tts_runtime.config import CohostConfig, EngineConfig
+from tts_runtime.config import CohostConfig, EngineConfig, SchedulerConfig
 from tts_runtime.models.loader import LoadedModel
 from tts_runtime.overlap import worker_threads
 from tts_runtime.runtime import Runtime
 
 BASELINE = "alternate"
-VARIANTS: dict[str, dict[str, Any]] = {  # label: CohostConfig fields
-    BASELINE: {},
-    "batched": {"phase_policy": "batched"},
-    "overlap": {"overlap": True},
-    "batched + overlap": {"phase_policy": "batched", "overlap": True},
+
+
+@dataclass(frozen=True)
+class Variant:
+    """A variant's switches over the baseline."""
+
+    cohost: dict[str, Any] = field(default_factory=dict)  # CohostConfig fields
+    speculation: bool = False  # SearchConfig.speculative_extension
+    prefix_order: bool = False  # SchedulerConfig.prefix_aware_order
+
+
+_ALL = Variant({"phase_policy": "batched", "overlap": True}, speculation=True, prefix_order=True)
+VARIANTS: dict[str, Variant] = {
+    BASELINE: Variant(),
+    "batched": Variant({"phase_policy": "batched"}),
+    "overlap": Variant({"overlap": True}),
+    "batched + overlap": Variant({"phase_policy": "batched", "overlap": True}),
+    "speculation": Variant(speculation=True),
+    "prefix order": Variant(prefix_order=True),
+    "all": _ALL,
 }
 
 
@@ -55,18 +75,28 @@ class CohostBench:
 
 
 def _measure(bench: CohostBench, models: tuple[LoadedModel, LoadedModel], problems: Sequence[Problem],
-             cohost: CohostConfig) -> dict[str, Any]:
-    runtime = Runtime(*models, memory=bench.memory, engine_config=EngineConfig(device=bench.device, cohost=cohost))
+             cohost: CohostConfig, variant: Variant) -> dict[str, Any]:
+    engine_config = EngineConfig(device=bench.device, cohost=cohost,
+                                 scheduler=SchedulerConfig(prefix_aware_order=variant.prefix_order))
+    config = replace(bench.config, speculative_extension=variant.speculation)
+    runtime = Runtime(*models, memory=bench.memory, engine_config=engine_config)
     try:
         before = runtime.cohost_counters()
+        engines_before = {name: EngineCounters.read(engine) for name, engine in runtime.engines.items()}
         start = time.perf_counter()
-        results = run_search(runtime, problems, bench.config)
+        results = run_search(runtime, problems, config)
         seconds = time.perf_counter() - start
         report = (runtime.cohost_counters() - before).report(seconds, cohost)
+        hit_rates = {name: (EngineCounters.read(engine) - engines_before[name]).prefix_hit_rate
+                     for name, engine in runtime.engines.items()}
     finally:
         runtime.shutdown()
     gen, prm = report["generator"], report["prm"]
+    spec = speculation(results, seconds)
     return {"seconds": seconds, "problems_per_min": 60 * len(results) / seconds,
+            "goodput": spec["goodput_tokens_per_s"], "speculative_kept": spec["kept_tokens"],
+            "speculative_discarded": spec["discarded_tokens"],
+            "generator_hit_rate": hit_rates["generator"], "prm_hit_rate": hit_rates["prm"],
             "generator_batch": gen["mean_batch_seqs"], "prm_batch": prm["mean_batch_seqs"],
             "prm_batch_tokens": prm["mean_batch_tokens"], "generator_forwards": gen["forwards"],
             "prm_forwards": prm["forwards"], "transitions": report["phase_transitions"],
@@ -79,10 +109,10 @@ def bench_cohost(bench: CohostBench, *, command: Sequence[str], log: Callable[[s
     side = SideBySide("cohost")
 
     def variant(label: str) -> Callable[[], dict]:
-        cohost = CohostConfig(**{**vars(bench.thresholds), **VARIANTS[label]})
+        cohost = CohostConfig(**{**vars(bench.thresholds), **VARIANTS[label].cohost})
 
         def run() -> dict:
-            row = _measure(bench, models, problems, cohost)
+            row = _measure(bench, models, problems, cohost, VARIANTS[label])
             log(f"  {label}: {row['problems_per_min']:.2f} problems/min ({row['seconds']:.0f} s), "
                 f"{row['transitions']} transitions, busy generator {row['generator_busy']:.0%} "
                 f"PRM {row['prm_busy']:.0%}")
@@ -100,6 +130,8 @@ def bench_cohost(bench: CohostBench, *, command: Sequence[str], log: Callable[[s
              f"{config.num_iterations} iterations, step cap {config.max_step_tokens} tokens, last-iteration cap "
              f"{config.max_tokens}, problem batch {config.problem_batch}, T={config.temperature}, seed {config.seed}; "
              f"{bench.rounds} alternating rounds, medians.",
+             "goodput = tokens of the finished solutions per second (discarded speculation is not counted); "
+             "hit rate = share of each engine's prompt tokens served from its prefix cache.",
              "batch = sequences per forward (mean); transitions = forwards of the other engine than the one "
              "before; busy = time with a forward of that engine in flight (launch to result) over the "
              "search's wall time (overlapped engines can both be near 100%).",
@@ -121,10 +153,14 @@ def _row(side: SideBySide, label: str, problems: int) -> dict[str, Any]:
     same = min(sum(run["predictions"][pid] == ref["predictions"][pid] for pid in ref["predictions"])
                for run, ref in zip(runs, baseline))
     median = side.median
-    threads = (f"{worker_threads(EngineConfig())} per worker" if VARIANTS[label].get("overlap")
+    threads = (f"{worker_threads(EngineConfig())} per worker" if VARIANTS[label].cohost.get("overlap")
                else f"{torch.get_num_threads()} in one process")
     return {"variant": label, "threads": threads, "problems_per_min": median(label, "problems_per_min"),
             "speedup": median(label, "problems_per_min") / median(BASELINE, "problems_per_min"),
+            "goodput_tokens_per_s": median(label, "goodput"),
+            "speculative_kept": median(label, "speculative_kept"),
+            "speculative_discarded": median(label, "speculative_discarded"),
+            "generator_hit_rate": median(label, "generator_hit_rate"), "prm_hit_rate": median(label, "prm_hit_rate"),
             "generator_batch": median(label, "generator_batch"), "prm_batch": median(label, "prm_batch"),
             "prm_batch_tokens": median(label, "prm_batch_tokens"),
             "transitions": median(label, "transitions"),

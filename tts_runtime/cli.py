@@ -593,8 +593,8 @@ def bench_cohost_command(
     seed: Annotated[int, typer.Option()] = _D.seed,
     rounds: Annotated[int, typer.Option(help="Alternating rounds of every variant; medians.")] = 2,
     variants: Annotated[str, typer.Option(help="Comma-separated, alternate first: alternate, batched, "
-                                               "overlap, batched + overlap.")]
-    = "alternate,batched,overlap,batched + overlap",
+                                               "overlap, batched + overlap, speculation, prefix order, all.")]
+    = "alternate,batched,overlap,batched + overlap,speculation,prefix order,all",
     prm_buffer_tokens: Annotated[int, typer.Option(help="Batched variants' PRM buffer.")] = _C.prm_buffer_tokens,
     generator_low_water: Annotated[int, typer.Option()] = _C.generator_low_water,
     generator_buffer_seqs: Annotated[int, typer.Option()] = _C.generator_buffer_seqs,
@@ -602,8 +602,9 @@ def bench_cohost_command(
     device: Annotated[str, typer.Option(help="auto, cpu, cuda ...")] = "auto",
     device_memory: Annotated[Optional[str], typer.Option(help="Memory budget for both models.")] = "3GiB",
 ) -> None:
-    """Phase policy (alternate vs batched) and overlap (off vs on), side by side on beam search:
-    problems/min, batch sizes, phase transitions, busy fractions (writes cohost.json/md)."""
+    """Phase policy (alternate vs batched), overlap, speculative extension and prefix-aware ordering,
+    each off and on and all together, side by side on beam search: problems/min, goodput, batch
+    sizes, phase transitions, busy fractions, prefix hit rates (writes cohost.json/md)."""
     from evals.bench_cohost import BASELINE, VARIANTS, CohostBench, bench_cohost
 
     chosen = [name.strip() for name in variants.split(",") if name.strip()]
