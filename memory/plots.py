@@ -97,8 +97,10 @@ def plot_thrash(rows: list[dict], path: Path) -> Path:
                          "Thrash (re-misses on evicted blocks) vs memory split", path)
 
 
-def plot_blocks_over_steps(timelines: dict[str, dict], labels: list[str], path: Path) -> Path:
-    """Blocks in use per step, both models, for each named setting (one panel each)."""
+def plot_blocks_over_steps(timelines: dict[str, dict], labels: list[str], path: Path,
+                           phase_starts: dict[str, list[int]]) -> Path:
+    """Blocks in use per step, both models, for each named setting (one panel each), with a
+    vertical line where each later phase of the workload began."""
     fig, axes = plt.subplots(len(labels), 1, figsize=(8, 2.6 * len(labels)), squeeze=False)
     for ax, label in zip(axes[:, 0], labels):
         for name, colour in MODELS:
@@ -106,6 +108,8 @@ def plot_blocks_over_steps(timelines: dict[str, dict], labels: list[str], path: 
             ax.plot(timeline["steps"], timeline["in_use"], color=colour, label=f"{name} in use")
             owned = [u + c + f for u, c, f in zip(timeline["in_use"], timeline["cached"], timeline["free"])]
             ax.plot(timeline["steps"], owned, color=colour, linestyle=":", label=f"{name} owned")
+        for step in phase_starts.get(label, []):
+            ax.axvline(step, color="grey", linestyle="--", linewidth=1)
         ax.set_title(label, fontsize=10)
         ax.set_ylabel("KV blocks")
         ax.grid(alpha=0.3)
@@ -115,10 +119,10 @@ def plot_blocks_over_steps(timelines: dict[str, dict], labels: list[str], path: 
 
 
 def plot_sweep(rows: list[dict], timelines: dict[str, dict], timeline_labels: list[str],
-               out_dir: Path) -> list[Path]:
+               out_dir: Path, phase_starts: dict[str, list[int]]) -> list[Path]:
     return [
         plot_throughput(rows, out_dir / "throughput_vs_split.png"),
-        plot_blocks_over_steps(timelines, timeline_labels, out_dir / "blocks_over_steps.png"),
+        plot_blocks_over_steps(timelines, timeline_labels, out_dir / "blocks_over_steps.png", phase_starts),
         plot_hit_rate(rows, out_dir / "hit_rate_vs_split.png"),
         plot_thrash(rows, out_dir / "thrash_vs_split.png"),
     ]

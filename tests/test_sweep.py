@@ -67,7 +67,32 @@ def test_tiny_sweep_writes_table_json_plots_and_report(cli, math500_path, tmp_pa
     assert "best:" in result.output and "problems/s" in result.output
 
 
+@pytest.mark.slow
+def test_shifting_workload_runs_both_phases_in_order_on_one_runtime(cli, math500_path, tmp_path):
+    out = tmp_path / "sweep"
+    result = cli(["--splits", "0.3", "--policies", "static,elastic", "--dataset-path", str(math500_path), *TINY,
+                  "--limit", "2", "--workload", "shifting", "--out", str(out)])
+    assert result.exit_code == 0, result.output + repr(result.exception)
+    payload = json.loads((out / "sweep.json").read_text())
+    phases = payload["workload_phases"]
+    assert [p["phase"] for p in phases] == ["generator-heavy", "prm-heavy"]
+    assert [p["problems"] for p in phases] == [1, 1]
+    # Generator-heavy: best-of-N with 4x the samples; PRM-heavy: beam search, twice the iterations, half steps.
+    assert (phases[0]["search"]["method"], phases[0]["search"]["n"]) == ("bon", 8)
+    assert phases[1]["search"]["method"] == "beam" and phases[1]["search"]["num_iterations"] == 4
+    assert phases[1]["search"]["max_step_tokens"] == 4
+    for row in payload["rows"]:
+        assert row["error"] == "" and row["problems"] == 2
+    for setting in ("static 0.30", "elastic"):
+        marks = payload["settings"][setting]["phases"]
+        assert [m["phase"] for m in marks] == ["generator-heavy", "prm-heavy"]
+        assert marks[0]["first_step"] == 0 < marks[1]["first_step"] and all(m["seconds"] > 0 for m in marks)
+    assert (out / "blocks_over_steps.png").read_bytes()[:8] == PNG_MAGIC
+
+
 @pytest.mark.parametrize("args, message", [
+    (["--workload", "bursty"], "unknown --workload 'bursty'; choose one of steady, shifting"),
+    (["--workload", "shifting"], "needs --limit 2 or more, got 1"),
     (["--splits", "0.2:1.4:0.4"], r"memory split must be in \(0, 1\)"),
     (["--policies", "static,magic"], "unknown memory policy 'magic'; choose one of static, auto, elastic"),
     (["--device-memory", "1GiB"], "the minimum is"),
