@@ -32,6 +32,13 @@ TINY = ["--limit", "1", "--n", "2", "--beam-width", "2", "--num-iterations", "2"
         "--device-memory", "2GiB", "--max-num-batched-tokens", "128"]
 
 
+def _sweep(cli, math500_path, out, *args: str):
+    """A tiny sweep that must succeed: (the CLI result, sweep.json)."""
+    result = cli(["--dataset-path", str(math500_path), *TINY, *args, "--out", str(out)])
+    assert result.exit_code == 0, result.output + repr(result.exception)
+    return result, json.loads((out / "sweep.json").read_text())
+
+
 @pytest.mark.slow
 def test_tiny_sweep_writes_table_json_plots_and_report(cli, math500_path, tmp_path):
     out, report = tmp_path / "sweep", tmp_path / "docs" / "memory.md"
@@ -70,10 +77,8 @@ def test_tiny_sweep_writes_table_json_plots_and_report(cli, math500_path, tmp_pa
 @pytest.mark.slow
 def test_shifting_workload_runs_both_phases_in_order_on_one_runtime(cli, math500_path, tmp_path):
     out = tmp_path / "sweep"
-    result = cli(["--splits", "0.3", "--policies", "static,elastic", "--dataset-path", str(math500_path), *TINY,
-                  "--limit", "2", "--workload", "shifting", "--out", str(out)])
-    assert result.exit_code == 0, result.output + repr(result.exception)
-    payload = json.loads((out / "sweep.json").read_text())
+    _, payload = _sweep(cli, math500_path, out, "--splits", "0.3", "--policies", "static,elastic", "--limit", "2",
+                        "--workload", "shifting")
     phases = payload["workload_phases"]
     assert [p["phase"] for p in phases] == ["generator-heavy", "prm-heavy"]
     assert [p["problems"] for p in phases] == [1, 1]
@@ -106,10 +111,8 @@ def test_bad_sweep_input_is_a_clear_error(cli, math500_path, tmp_path, args, mes
 @pytest.mark.slow
 def test_a_split_too_small_for_one_sequence_is_a_failed_row_run_once(cli, math500_path, tmp_path):
     # 1.9 GiB leaves ~40 MiB of KV; a PRM share of 0.99 leaves the generator no room for the prompt.
-    out = tmp_path / "sweep"
-    result = cli(["--splits", "0.99", "--policies", "static", "--dataset-path", str(math500_path), *TINY,
-                  "--device-memory", "1.9GiB", "--repeats", "3", "--out", str(out)])
-    assert result.exit_code == 0, result.output + repr(result.exception)
+    result, payload = _sweep(cli, math500_path, tmp_path / "sweep", "--splits", "0.99", "--policies", "static",
+                             "--device-memory", "1.9GiB", "--repeats", "3")
     assert result.output.count("FAILED: KV cache too small") == 1
-    (row,) = json.loads((out / "sweep.json").read_text())["rows"]
+    (row,) = payload["rows"]
     assert row["problems"] == 0 and row["problems_per_s"] == 0 and "raise the KV memory budget" in row["error"]
