@@ -128,7 +128,7 @@ def _dtype_name(dtype: torch.dtype) -> str:
 
 def _sides(config: BeamBenchConfig, dtype: torch.dtype, all_tts: bool, suffix: str,
            variants: dict, labels: dict) -> None:
-    """Adds this dtype's variants: every tts variant (or only the default), HF, vLLM."""
+    """Adds this dtype's variants: every tts variant (or only the two oneDNN ones), HF, vLLM."""
     loaded = load_model(config.generator, dtype, torch.device("cpu"))
     prompts = beam_prompts(loaded, config.prompts, config.prompt_tokens)
     for label, meaning, switches in TTS_VARIANTS if all_tts else TTS_VARIANTS[-2:]:
