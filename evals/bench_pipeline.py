@@ -152,6 +152,8 @@ def _measure(variant: Variant, engines: list[Engine], group: PipelineGroup | Non
     metrics["microbatch_tokens"] = [t for e, m in zip(engines, marks) for t in e.stats.microbatch_tokens[m:]]
     metrics["in_flight"] = [d for e, m in zip(engines, marks) for d in e.stats.in_flight_at_launch[m:]]
     metrics["stages"] = _windows(group, start, end) if group is not None else []
+    layers = group.layers if group is not None else {}
+    metrics["layers_per_stage"] = {key: [len(r) for r in ranges] for key, ranges in layers.items()}
     return metrics
 
 
@@ -264,6 +266,7 @@ def _summarise(runs: list[dict], unit: str) -> dict[str, Any]:
         "mean_in_flight": statistics.mean(depth) if depth else 0.0,
         "microbatch_tokens_min_median_max": [min(tokens), statistics.median(tokens), max(tokens)] if tokens else [],
         "stages": [],
+        "layers_per_stage": runs[0]["layers_per_stage"],
     }
     if unit == "problems/min":
         row["problems_per_min"] = statistics.median(60 * r["problems"] / r["seconds"] for r in runs)
@@ -283,6 +286,8 @@ def _table_row(workload: str, label: str, row: dict, unit: str) -> dict[str, str
         "busy per stage": " / ".join(f"{s['busy']:.0%}" for s in stages) or "-",
         "idle per stage": " / ".join(f"{s['idle']:.0%}" for s in stages) or "-",
         "mean wait per microbatch (ms)": " / ".join(f"{s['mean_wait_ms']:.1f}" for s in stages) or "-",
+        "layers per stage": ", ".join(f"{key} {'+'.join(map(str, counts))}"
+                                      for key, counts in row["layers_per_stage"].items()) or "-",
         "mean in flight": f"{row['mean_in_flight']:.2f}",
         "tokens per microbatch min/median/max": "/".join(f"{x:.0f}" for x in spread),
     }
@@ -472,6 +477,9 @@ def _notes(bench: PipelineBenchConfig, summary: dict) -> list[str]:
         "on the generate workload only, after the base variants, each in its own rounds beside the PP2 throttle "
         "pipeline (its reference row): at most two pipelines are alive at once on this 24 GiB shared box.",
         *_switch_notes(summary["workloads"].get("generate", {})),
+        "layers per stage: the default split, which balances each stage's measured time "
+        "(executor/layer_costs.py: one probe decode step timed layer by layer, output head included, at the "
+        "stage's thread count).",
         "busy = a stage's compute time / its span from first to last event in the run; idle = the rest "
         "(bubbles). wait = the time a stage spends getting its input: for stage 0 that is the embedding lookup, "
         "for later stages the activation handoff (waiting for the previous stage included).",

@@ -23,7 +23,8 @@ from tts_runtime import CacheConfig, Engine, EngineConfig, SamplingParams, Sched
 from tts_runtime.config import ParallelConfig
 from tts_runtime.executor.batch import AttentionMetadata, ModelInput
 from tts_runtime.executor.pipeline import PipelineFailure
-from tts_runtime.executor.stage_split import balanced_split
+from tts_runtime.executor.layer_costs import measure_stage_costs
+from tts_runtime.executor.stage_split import balanced_split, stage_layers
 from tts_runtime.models.decoder import ModelPart
 from tts_runtime.models.loader import load_model
 
@@ -174,11 +175,29 @@ def test_token_safe_buffers_are_never_refilled_while_in_use(generator_model):
                 assert prepared[following][1] >= computed[previous], (dump.stage, previous, following)
 
 
-def test_balanced_split_puts_fewer_layers_beside_the_output_head():
-    # SmolLM2-135M: 30 layers of ~3.5M multiply-adds, a 49152 x 576 head (~28M) on the last stage.
-    assert balanced_split(30, 2, 3_538_944, 28_311_552) == [19, 11]
-    assert balanced_split(18, 2, 10, 0) == [9, 9]
-    assert balanced_split(4, 3, 1, 0) in ([1, 1, 2], [1, 2, 1], [2, 1, 1])
+def test_balanced_split_minimises_the_costliest_stage_with_the_head_on_the_last():
+    # 30 equal layers and a head costing 8 of them: 19 | 11 + head = 19.
+    assert balanced_split([1.0] * 30, 2, 8.0) == [19, 11]
+    assert balanced_split([1.0] * 18, 2, 0.0) == [9, 9]
+    assert balanced_split([5.0, 1.0, 1.0, 1.0], 2, 0.0) == [1, 3]  # unequal layers
+    assert balanced_split([3.0, 1.0, 1.0, 1.0, 1.0, 1.0], 3, 1.0) == [1, 3, 2]  # 3 | 3 | 2 + head
+
+
+def test_default_split_comes_from_measured_layer_and_head_times(generator_model):
+    config = EngineConfig()
+    sampled = measure_stage_costs(generator_model, config, samples_full_vocabulary=True, threads=1)
+    assert len(sampled.layers) == generator_model.arch.num_layers and min(sampled.layers) > 0
+    # A 49152 x 576 head over every probe row costs more than any one 576-wide layer...
+    assert sampled.head > max(sampled.layers)
+    split = stage_layers(generator_model.arch, 2, None, lambda: sampled)
+    assert [len(r) for r in split] == balanced_split(sampled.layers, 2, sampled.head)
+    assert len(split[0]) > len(split[1]) and split[0].stop == split[1].start
+    # ...and projected onto two candidate columns (a PRM's score) far less.
+    scored = measure_stage_costs(generator_model, config, samples_full_vocabulary=False, threads=1)
+    assert scored.head < sampled.head / 5
+    # --pp-layers is taken as given: nothing is measured.
+    assert stage_layers(generator_model.arch, 2, (10, 20), lambda: pytest.fail("measured")) == [
+        range(0, 10), range(10, 30)]
 
 
 def _wait_gone(pids: list[int], seconds: float) -> bool:

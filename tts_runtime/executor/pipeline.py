@@ -25,7 +25,8 @@ import socket
 import threading
 import time
 from concurrent.futures import Future
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from functools import partial
 
 import torch
 import torch.multiprocessing as mp
@@ -36,6 +37,7 @@ from tts_runtime.executor.batch import ModelInput, ModelOutput, SamplePlan
 from tts_runtime.executor.stage_messages import (STARTUP_SECONDS, Launch, Ready, Shutdown, StageFailure,
                                                  StageModelSetup, StageResult, StageSetup, TraceDump,
                                                  TraceRequest)
+from tts_runtime.executor.layer_costs import measure_stage_costs
 from tts_runtime.executor.stage_split import stage_layers
 from tts_runtime.executor.stage_worker import stage_main
 from tts_runtime.models.arch import ArchConfig
@@ -59,11 +61,12 @@ class StageModel:
     num_layers: int
     arch: ArchConfig
     samples_full_vocabulary: bool
+    loaded: LoadedModel = field(repr=False, compare=False)  # the driver's copy: timed for the split
 
     @classmethod
     def of(cls, key: str, loaded: LoadedModel, num_blocks: int, samples_full_vocabulary: bool = True) -> StageModel:
         return cls(key, loaded.name, loaded.model.output_weight.dtype, num_blocks, loaded.arch.num_layers,
-                   loaded.arch, samples_full_vocabulary)
+                   loaded.arch, samples_full_vocabulary, loaded)
 
 
 def _free_port() -> int:
@@ -85,9 +88,11 @@ class PipelineGroup:
         self.name = name
         self.pp_size = pp = parallel.pp_size
         self.config = config
-        self.layers = {m.key: stage_layers(m.arch, pp, parallel.pp_layers if i == 0 else None,
-                                           m.samples_full_vocabulary) for i, m in enumerate(models)}
         threads = parallel.threads_per_stage or max(1, (os.cpu_count() or 1) // pp)
+        self.layers = {m.key: stage_layers(m.arch, pp, parallel.pp_layers if i == 0 else None,
+                                           partial(measure_stage_costs, m.loaded, config,
+                                                   m.samples_full_vocabulary, threads))
+                       for i, m in enumerate(models)}
         slot_bytes = max(config.scheduler.max_num_batched_tokens * m.arch.hidden_size
                          * torch.empty((), dtype=m.dtype).element_size() for m in models)
         # Boundary b joins stage b to b + 1; one slot per microbatch in flight.
