@@ -37,7 +37,7 @@ from search.score_cache import ScoreCache
 from tts_runtime.config import CacheConfig, ConfigError, EngineConfig, ParallelConfig, SchedulerConfig
 from tts_runtime.engine.engine import Engine
 from tts_runtime.engine.request import SamplingParams
-from tts_runtime.executor.pipeline import PipelineGroup
+from tts_runtime.executor.pipeline import PipelineGroup, StageModel
 from tts_runtime.executor.stage_messages import TraceDump
 from tts_runtime.models.loader import LoadedModel, load_model
 from tts_runtime.runtime import Runtime
@@ -201,14 +201,19 @@ class Built:
 
 
 def _build_engines(variants: list[Variant], loaded: LoadedModel, cache: CacheConfig, attention_backend: str,
-                   work: Callable[[Engine], Callable[[], dict]]) -> dict[str, Built]:
+                   work: Callable[[Engine], Callable[[], dict]], samples_full_vocabulary: bool = True
+                   ) -> dict[str, Built]:
+    """`samples_full_vocabulary` False: the engine only scores, so the stage split does not
+    count a full-vocabulary head on the last stage (as a runtime's PRM is split)."""
     built: dict[str, Built] = {}
     shared: dict[EngineConfig, Built] = {}
     for variant in variants:
         config = variant.engine_config(cache, attention_backend)
         if config not in shared:
-            engine = Engine(loaded.name, config, loaded=loaded)
-            group = engine.executor.group if variant.pp > 1 else None
+            group = PipelineGroup([StageModel.of("model", loaded, cache.num_blocks, samples_full_vocabulary)],
+                                  config) if variant.pp > 1 else None
+            engine = Engine(loaded.name, config, loaded=loaded,
+                            executor=group.executor("model", owns_group=True) if group is not None else None)
             shared[config] = Built([engine], group, work(engine), engine.shutdown)
         built[variant.label] = shared[config]
     return built
@@ -381,7 +386,8 @@ def _score(bench: PipelineBenchConfig, variants: list[Variant], log) -> dict[str
     loaded = load_model(bench.prm, torch.float32, torch.device("cpu"))
     queries = _score_queries(loaded, question, beams, bench.steps)
     cache = CacheConfig(num_blocks=_blocks_for([len(q.token_ids) for q in queries[-1]]))
-    built = _build_engines(variants, loaded, cache, bench.attention_backend, lambda e: _score_work(e, queries))
+    built = _build_engines(variants, loaded, cache, bench.attention_backend, lambda e: _score_work(e, queries),
+                           samples_full_vocabulary=False)
     try:
         return _run_rounds(built, variants, bench.rounds, log)
     finally:

@@ -29,7 +29,7 @@ from search.config import SearchConfig
 from search.driver import run_search
 from search.problem import Problem
 from search.score_cache import ScoreCache
-from tts_runtime.config import EngineConfig
+from tts_runtime.config import EngineConfig, ParallelConfig
 from tts_runtime.runtime import Runtime
 
 _ZERO = RunCounters(EngineCounters(), EngineCounters(), 0, 0)
@@ -63,6 +63,7 @@ class SearchBench:
     # of the paged cache and F.linear for the projections, as before the in-place kernel and
     # the oneDNN projections (issue 15's "before").
     torch_kernels: bool = False
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)  # tts's pipeline stages (--pp)
 
 
 @dataclass
@@ -132,11 +133,11 @@ def bench_search(bench: SearchBench, *, command: Sequence[str],
     config = SearchConfig(**{**bench.config.to_dict(), "method": "beam"})
     problems = load_problems("math500", dataset_path=bench.dataset_path, limit=bench.limit)
     log(f"loading models for {len(problems)} problems ...")
-    runtime = Runtime(bench.generator, bench.prm, memory=bench.memory)
+    runtime = Runtime(bench.generator, bench.prm, memory=bench.memory, parallel=bench.parallel)
     variants = {"tts": _logged(log, f"tts (problem batch {config.problem_batch})",
                                lambda: _measure_tts(runtime, problems, config))}
     if bench.torch_kernels:
-        before = Runtime(bench.generator, bench.prm, memory=bench.memory,
+        before = Runtime(bench.generator, bench.prm, memory=bench.memory, parallel=bench.parallel,
                          engine_config=EngineConfig(attention_backend="torch", linear_backend="torch"))
         variants[_TORCH_KERNELS] = _logged(log, "tts on torch's kernels (attention and linear)",
                                            lambda: _measure_tts(before, problems, config))
@@ -165,6 +166,10 @@ def bench_search(bench: SearchBench, *, command: Sequence[str],
         "benchmark": "search", "problems": len(problems), "rounds": bench.rounds,
         "config": config.to_dict(), "models": {"generator": bench.generator, "prm": bench.prm},
         "memory_plan": runtime.plan.to_dict(),
+        "pipeline": {"pp": bench.parallel.pp_size,
+                     "layers_per_stage": {key: [len(r) for r in ranges]
+                                          for key, ranges in runtime.pipeline.layers.items()}}
+        if runtime.pipeline is not None else None,
         **environment(runtime.generator.device), "command": list(command),
         "median": {label: {key: rounds.median(label, key) for key, _, _ in _ROWS} for label in rounds.runs},
         "rounds_data": rounds.runs,
@@ -193,6 +198,13 @@ def _ratio(a: float, b: float) -> float | None:
     return a / b if b else None
 
 
+def _pipeline_lines(pipeline: dict[str, Any] | None) -> list[str]:
+    if pipeline is None:
+        return []
+    split = ", ".join(f"{key} {'+'.join(map(str, counts))}" for key, counts in pipeline["layers_per_stage"].items())
+    return ["", f"tts ran on {pipeline['pp']} pipeline stages (layers per stage: {split})."]
+
+
 def _markdown(data: dict[str, Any]) -> str:
     config, median = data["config"], data["median"]
     labels = list(median)  # tts, tts-batch-1 (when the batch is > 1), baseline: the run order
@@ -213,6 +225,7 @@ def _markdown(data: dict[str, Any]) -> str:
         f"{config['problem_batch']} searches in flight (and, in the batch-1 column, one); the baseline runs one "
         f"problem at a time (HF `generate`, whole-sequence PRM forwards with `logits_to_keep=1`). Medians over "
         f"{data['rounds']} round(s); in each round the columns run one after another in this order.",
+        *_pipeline_lines(data.get("pipeline")),
         "",
         "| " + " | ".join(["metric", *(header[label] for label in labels),
                            *(f"{header[label]} / baseline" for label in ratio_labels)]) + " |",

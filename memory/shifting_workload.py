@@ -7,10 +7,11 @@ to do. This workload runs two phases one after the other on the same runtime:
 1. generator-heavy: best-of-N with four times the sweep's `n` samples per problem, each a
    whole solution of up to `max_step_tokens x num_iterations / 2` tokens: many long-lived
    decode sequences, while the PRM scores each finished sample once;
-2. PRM-heavy: the sweep's beam search itself, with twice its iterations of half-length
-   steps: few generator sequences, while the PRM re-scores every beam's growing history
-   every iteration (cheap while those histories stay cached, a recompute of the whole
-   history when they are evicted).
+2. PRM-heavy: the sweep's beam search with four times its beams (`n`, the same beam
+   width) and twice its iterations of half-length steps: short generator steps, while
+   the PRM scores every candidate's growing history every iteration (cheap while the
+   surviving histories stay cached, a recompute of each whole history when they are
+   evicted, so a small PRM pool costs far more here than in the steady search).
 
 A static split sized for one phase starves the other; the elastic policy can move KV
 chunks at the boundary. Each half of the problems runs one phase.
@@ -47,7 +48,7 @@ def workload_phases(workload: str, problems: Sequence[Problem], search: SearchCo
     half = max(1, len(problems) // 2)
     generator_heavy = replace(search, method="bon", n=4 * search.n,
                               max_tokens=max(1, search.max_step_tokens * search.num_iterations // 2))
-    prm_heavy = replace(search, method="beam", num_iterations=2 * search.num_iterations,
+    prm_heavy = replace(search, method="beam", n=4 * search.n, num_iterations=2 * search.num_iterations,
                         max_step_tokens=max(1, search.max_step_tokens // 2))
     return [WorkloadPhase("generator-heavy", tuple(problems[:half]), generator_heavy),
             WorkloadPhase("prm-heavy", tuple(problems[half:]), prm_heavy)]

@@ -28,9 +28,9 @@ SEEDED = SearchConfig(n=4, beam_width=2, num_iterations=2, max_step_tokens=40, m
 def _runtime(generator_model, prm_model, overlap: bool, device: str = "cpu", pp: int = 1) -> Runtime:
     # One thread per worker, and one in the driver without overlap: the same kernels run
     # the same sums, so logits agree to the bit.
-    config = EngineConfig(device=device, parallel=ParallelConfig(pp_size=pp, threads_per_stage=1),
-                          cohost=CohostConfig(overlap=overlap))
-    return Runtime(generator_model, prm_model, memory=MemoryConfig(device_memory=3 << 30), engine_config=config)
+    config = EngineConfig(device=device, cohost=CohostConfig(overlap=overlap))
+    return Runtime(generator_model, prm_model, memory=MemoryConfig(device_memory=3 << 30), engine_config=config,
+                   parallel=ParallelConfig(pp_size=pp, threads_per_stage=1))
 
 
 def _cpu_seconds(pid: int) -> float:

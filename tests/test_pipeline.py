@@ -20,10 +20,11 @@ import pytest
 import torch
 
 from tts_runtime import CacheConfig, Engine, EngineConfig, SamplingParams, SchedulerConfig, ScoreParams
-from tts_runtime.config import ParallelConfig
+from tts_runtime.config import ConfigError, ParallelConfig
 from tts_runtime.executor.batch import AttentionMetadata, ModelInput
 from tts_runtime.executor.pipeline import PipelineFailure
 from tts_runtime.executor.layer_costs import measure_stage_costs
+from tts_runtime.executor.stage_placement import resolved_transport, stage_devices
 from tts_runtime.executor.stage_split import balanced_split, stage_layers
 from tts_runtime.models.decoder import ModelPart
 from tts_runtime.models.loader import load_model
@@ -195,9 +196,58 @@ def test_default_split_comes_from_measured_layer_and_head_times(generator_model)
     # ...and projected onto two candidate columns (a PRM's score) far less.
     scored = measure_stage_costs(generator_model, config, samples_full_vocabulary=False, threads=1)
     assert scored.head < sampled.head / 5
-    # --pp-layers is taken as given: nothing is measured.
+    # One stage (an overlap worker) or --pp-layers: nothing is measured.
+    assert stage_layers(generator_model.arch, 1, None, lambda: pytest.fail("measured")) == [range(0, 30)]
     assert stage_layers(generator_model.arch, 2, (10, 20), lambda: pytest.fail("measured")) == [
         range(0, 10), range(10, 30)]
+
+
+def test_stages_take_a_gpu_each_where_they_can_and_nccl_only_then():
+    cpu, gpu0, gpu1 = torch.device("cpu"), torch.device("cuda", 0), torch.device("cuda", 1)
+    assert stage_devices(cpu, 2, 0) == [cpu, cpu]
+    assert stage_devices(gpu0, 2, 2) == [gpu0, gpu1]
+    assert stage_devices(gpu1, 3, 2) == [gpu1, gpu0, gpu1]  # more stages than GPUs: they share
+    assert resolved_transport("auto", [cpu, cpu]) == "shm"
+    assert resolved_transport("auto", [gpu0, gpu1]) == "nccl"
+    assert resolved_transport("auto", [gpu0, gpu0]) == "shm"  # NCCL cannot pair ranks on one GPU
+    assert resolved_transport("gloo", [gpu0, gpu1]) == "gloo"
+    with pytest.raises(ConfigError, match="nccl needs every stage on a GPU of its own"):
+        resolved_transport("nccl", [gpu0, gpu0])
+
+
+def test_nccl_transport_on_cpu_stages_is_refused_before_any_stage_starts(generator_model):
+    before = _children(os.getpid())
+    with pytest.raises(ConfigError, match="use --pp-transport shm or gloo") as error:
+        _engine(generator_model, 2, transport="nccl")
+    assert "\n" not in str(error.value)
+    assert _children(os.getpid()) == before
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("cuda_graphs", [True, False])
+def test_pp2_on_cuda_generates_the_greedy_tokens_of_pp1(cuda_graphs):
+    """GPU stages (a GPU each when there are two, NCCL; else both on one GPU over shared
+    memory), with per-parity decode graphs replaying the decode microbatches or eager."""
+    model = load_model("smollm2-135m-instruct", torch.float32, torch.device("cuda"))
+
+    def engine(pp: int) -> Engine:
+        config = EngineConfig(device="cuda", cuda_graphs=cuda_graphs, cache=CacheConfig(num_blocks=256),
+                              scheduler=SchedulerConfig(max_prefill_chunk=24),
+                              parallel=ParallelConfig(pp_size=pp))
+        return Engine(model.name, config, loaded=model)
+
+    reference = engine(1)
+    try:
+        expected = _generate(reference, GREEDY)
+    finally:
+        reference.shutdown()
+    pipelined = engine(2)
+    try:
+        assert all(d.type == "cuda" for d in pipelined.executor.group.devices)
+        assert _generate(pipelined, GREEDY) == expected
+    finally:
+        pipelined.shutdown()
 
 
 def _wait_gone(pids: list[int], seconds: float) -> bool:
@@ -267,7 +317,7 @@ def test_stages_exit_when_the_driver_dies(tmp_path):
     script.write_text(textwrap.dedent("""
         import os, signal, sys
         from tts_runtime import CacheConfig, Engine, EngineConfig
-        from tts_runtime.config import ParallelConfig
+        from tts_runtime.config import ConfigError, ParallelConfig
 
         if __name__ == "__main__":
             engine = Engine("smollm2-135m-instruct", EngineConfig(
@@ -311,6 +361,20 @@ def test_cli_beam_pp2_writes_the_predictions_and_beams_of_pp1(math500_path, tmp_
         other = rows["2"][problem]
         assert other["prediction"] == row["prediction"]
         assert [b["steps"] for b in other["beams"]] == [b["steps"] for b in row["beams"]]
+
+
+def test_bench_search_runs_tts_on_pipeline_stages(math500_path, tmp_path):
+    command = [sys.executable, "-m", "tts_runtime.cli", "bench", "search", "--dataset-path", str(math500_path),
+               "--limit", "1", "--n", "2", "--beam-width", "2", "--num-iterations", "1", "--max-step-tokens", "8",
+               "--max-tokens", "16", "--rounds", "1", "--no-baseline", "--no-batch-one", "--device-memory", "3GiB",
+               "--pp", "2", "--pp-layers", "16,14", "--out-dir", str(tmp_path)]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    data = json.loads((tmp_path / "search.json").read_text())
+    assert data["pipeline"]["layers_per_stage"]["generator"] == [16, 14]
+    assert sum(data["pipeline"]["layers_per_stage"]["prm"]) == 18  # Gemma-3-270M, balanced on measured time
+    assert data["median"]["tts"]["generator_tokens_per_s"] > 0
+    assert "tts ran on 2 pipeline stages (layers per stage: generator 16+14" in (tmp_path / "search.md").read_text()
 
 
 def _children(pid: int) -> list[int]:

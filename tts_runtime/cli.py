@@ -159,11 +159,12 @@ def _make_search_command(method: str, summary: str) -> None:
         pp: Annotated[int, typer.Option(help="Pipeline stages (processes), each running a slice of "
                                              "both models' layers.")] = 1,
         pp_layers: Annotated[Optional[str], typer.Option(help="Generator layers per stage, e.g. 16,14 "
-                                                              "(default: balanced by cost).")] = None,
+                                                              "(default: balanced on measured time).")] = None,
         threads_per_stage: Annotated[Optional[int], typer.Option(help="Torch threads per stage "
                                                                       "(default: cores / pp).")] = None,
-        pp_transport: Annotated[str, typer.Option(help="Activations between stages: shm (shared memory) or "
-                                                       "gloo (torch.distributed).")] = "auto",
+        pp_transport: Annotated[str, typer.Option(help="Activations between stages: shm (shared memory), "
+                                                       "gloo or nccl (torch.distributed); auto: nccl when every "
+                                                       "stage has a GPU of its own, else shm.")] = "auto",
         sample_on_driver: Annotated[bool, typer.Option(help="SiPipe: sample on the driver while the "
                                                             "stages run on.")] = True,
         token_safe: Annotated[bool, typer.Option(help="SiPipe: prepare the next microbatch's inputs "
@@ -497,17 +498,21 @@ def bench_search_command(
     torch_kernels: Annotated[bool, typer.Option(help="Also tts on torch's kernels: the attention backend "
                                                      "that copies each context out of the cache and F.linear "
                                                      "(the before of the in-place kernel and oneDNN).")] = False,
+    pp: Annotated[int, typer.Option(help="tts's pipeline stages (processes).")] = 1,
+    pp_layers: Annotated[Optional[str], typer.Option(help="Generator layers per stage, e.g. 16,14 "
+                                                          "(default: balanced on measured time).")] = None,
 ) -> None:
     """Beam search, tts vs the plain HF baseline, side by side on the first N MATH-500 problems
     (writes search.json and search.md to --out-dir)."""
     check_backend(backend, "static")
+    parallel = ParallelConfig(pp, tuple(_csv(pp_layers, "pp-layers", int) or []) or None)
     config = SearchConfig(method="beam", n=n, beam_width=beam_width, num_iterations=num_iterations,
                           max_step_tokens=max_step_tokens, max_tokens=max_tokens, problem_batch=problem_batch,
                           seed=seed, prm_format=prm_format)
     bench = SearchBench(config=config, limit=limit, generator=generator, prm=prm, dataset_path=dataset_path,
                         memory=_memory_config(device_memory, 0.3, "static"), rounds=rounds, baseline=baseline,
                         out_dir=out_dir, vllm=backend == "vllm", batch_one=batch_one,
-                        torch_kernels=torch_kernels)
+                        torch_kernels=torch_kernels, parallel=parallel)
     report = bench_search(bench, command=["tts", *sys.argv[1:]], log=console.print)
     typer.echo(report.markdown)
 

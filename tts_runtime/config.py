@@ -84,8 +84,9 @@ class ParallelConfig:
 
     pp_size: int = 1
     pp_layers: tuple[int, ...] | None = None  # layers per stage (generator); None: balanced by cost
-    # Activations between stages: "shm" (shared-memory slots) or "gloo" (torch.distributed
-    # point-to-point); auto: shm. NCCL needs stages on GPUs, which the pipeline does not place yet.
+    # Activations between stages: "shm" (shared-memory slots; through host memory for GPU
+    # stages), "gloo" or "nccl" (torch.distributed point-to-point); auto: nccl when every
+    # stage has a GPU of its own, else shm (executor/stage_placement.py).
     transport: str = "auto"
     threads_per_stage: int | None = None  # torch threads in each stage (None: cores // pp_size)
     # SiPipe: the last stage returns logits rows and the driver samples them while the
@@ -104,9 +105,9 @@ class ParallelConfig:
         if self.pp_layers is not None and (len(self.pp_layers) != self.pp_size or min(self.pp_layers) < 1):
             raise ConfigError(f"--pp-layers needs {self.pp_size} positive layer counts (one per stage), "
                               f"got {','.join(map(str, self.pp_layers))}")
-        if self.transport not in ("auto", "shm", "gloo"):
+        if self.transport not in ("auto", "shm", "gloo", "nccl"):
             raise ConfigError(f"pipeline transport '{self.transport}' is not available; choose auto, shm "
-                              "(shared memory) or gloo (torch.distributed)")
+                              "(shared memory), gloo or nccl (torch.distributed)")
         if self.threads_per_stage is not None and self.threads_per_stage < 1:
             raise ConfigError(f"--threads-per-stage must be >= 1, got {self.threads_per_stage}")
 

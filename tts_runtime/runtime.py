@@ -28,7 +28,8 @@ from memory.profile import MemoryProfile, ProfileCache, profile_model
 from memory.split import MemoryConfig, MemoryPlan, Workload, plan_memory
 from memory.thrash import ThrashTracker
 from tts_runtime.cohost_stats import CohostCounters, EngineCounters
-from tts_runtime.config import CohostConfig, ConfigError, EngineConfig, ModelSpec, resolve_device, resolve_dtype
+from tts_runtime.config import (CohostConfig, ConfigError, EngineConfig, ModelSpec, ParallelConfig, resolve_device,
+                                resolve_dtype)
 from tts_runtime.executor.build import build_local_executor
 from tts_runtime.executor.device_memory import device_memory_info
 from tts_runtime.engine.engine import Engine
@@ -119,16 +120,19 @@ def check_cohost(backend: str, memory_policy: str, cohost: CohostConfig) -> None
 class Runtime:
     def __init__(self, generator: ModelSpec | str | LoadedModel, prm: ModelSpec | str | LoadedModel,
                  memory: MemoryConfig | None = None, engine_config: EngineConfig | None = None, *,
-                 device: str | None = None, workload: Workload | None = None,
+                 device: str | None = None, parallel: ParallelConfig | None = None, workload: Workload | None = None,
                  profiles: tuple[MemoryProfile, MemoryProfile] | None = None, backend: str = "native") -> None:
-        """`device` overrides engine_config.device; `workload` informs the auto and elastic
-        policies; `profiles` skips profiling (a sweep profiles once for every setting);
+        """`device` and `parallel` (pipeline stages) override engine_config's; `workload`
+        informs the auto and elastic policies; `profiles` skips profiling (a sweep profiles
+        once for every setting);
         `backend`: "native" (our engine) or "vllm" (each model on a vLLM engine, sized by
         the same memory plan; see tts_runtime/vllm_engine.py)."""
         self.backend = backend
         self.engine_config = engine_config or EngineConfig()
         if device is not None:
             self.engine_config = replace(self.engine_config, device=device)
+        if parallel is not None:
+            self.engine_config = replace(self.engine_config, parallel=parallel)
         self.memory = memory or MemoryConfig()
         check_backend(backend, self.memory.policy)
         self.cohost = self.engine_config.cohost

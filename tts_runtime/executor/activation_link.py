@@ -1,17 +1,21 @@
-"""How a stage's output activations reach the next stage (ParallelConfig.transport).
+"""How a stage's output activations reach the next stage (the resolved transport, see
+stage_placement.py).
 
-* shm (default): shared-memory slots, one per microbatch in flight (slot = microbatch mod
-  pp); ZeroMQ carries only a ready signal holding the microbatch id. The slot of
-  microbatch m is rewritten only by m + pp, which cannot launch before m has left the last
-  stage, so the receiver reads it in place.
-* gloo: torch.distributed point-to-point between the stage processes (a process group of
-  the pp stages; the driver is not a member). The tensor itself travels over gloo's TCP
-  pairs, after a one-element header holding the microbatch id.
+* shm: shared-memory slots, one per microbatch in flight (slot = microbatch mod pp);
+  ZeroMQ carries only a ready signal holding the microbatch id. The slot of microbatch m
+  is rewritten only by m + pp, which cannot launch before m has left the last stage, so
+  the receiver reads it in place (a GPU stage copies it to its device).
+* gloo / nccl: torch.distributed point-to-point between the stage processes (a process
+  group of the pp stages; the driver is not a member). The tensor itself travels over
+  gloo's TCP pairs (from host memory) or NCCL (GPU to GPU), after a one-element header
+  holding the microbatch id.
 
 Structure-aware transmission (SiPipe): the receiver sizes the activation from the
 schedule it already holds, so only the microbatch id travels beside the data. Off, every
 transfer also carries the activation's shape (shm: the activation goes as a pickled
-message; gloo: a three-element header).
+message; gloo / nccl: a three-element header).
+
+A receive returns the activation on the stage's device.
 """
 
 from __future__ import annotations
@@ -43,6 +47,7 @@ def _check_order(stage: int, expected: int, got: int) -> None:
 class SharedMemoryLink:
     def __init__(self, setup: StageSetup, context: zmq.Context, receive: Receive) -> None:
         self.setup = setup
+        self.device = torch.device(setup.device)
         self.structure_aware = setup.config.parallel.structure_aware
         self._receive = receive
         self.upstream = self.downstream = None
@@ -65,16 +70,16 @@ class SharedMemoryLink:
             self._slot(self.setup.send_slots, microbatch, tokens, hidden_size, hidden.dtype).copy_(hidden)
             self.downstream.send(microbatch.to_bytes(8, "little"))
         else:
-            self.downstream.send_pyobj((microbatch, hidden.clone()))
+            self.downstream.send_pyobj((microbatch, hidden.to("cpu", copy=True)))
 
     def receive(self, microbatch: int, tokens: int, hidden_size: int, dtype: torch.dtype) -> torch.Tensor:
         if self.structure_aware:
             got = int.from_bytes(self._receive(self.upstream, copy=False), "little")
             _check_order(self.setup.stage, microbatch, got)
-            return self._slot(self.setup.receive_slots, microbatch, tokens, hidden_size, dtype)
+            return self._slot(self.setup.receive_slots, microbatch, tokens, hidden_size, dtype).to(self.device)
         got, hidden = self._receive(self.upstream)
         _check_order(self.setup.stage, microbatch, got)
-        return hidden
+        return hidden.to(self.device)
 
     def close(self) -> None:
         for socket in (self.upstream, self.downstream):
@@ -82,15 +87,19 @@ class SharedMemoryLink:
                 socket.close(linger=0)
 
 
-class GlooLink:
+class DistributedLink:
     """Sends are asynchronous (the stage goes on computing); a send's buffers are kept until
     the next send to the same stage has been issued and the earlier one has completed."""
 
     def __init__(self, setup: StageSetup, startup_seconds: float) -> None:
         self.setup = setup
         self.structure_aware = setup.config.parallel.structure_aware
-        dist.init_process_group("gloo", init_method=setup.gloo_address, rank=setup.stage,
-                                world_size=setup.pp_size, timeout=timedelta(seconds=startup_seconds))
+        self.device = torch.device(setup.device)
+        # gloo sends from host memory; NCCL from the stage's GPU.
+        self.wire = self.device if setup.transport == "nccl" else torch.device("cpu")
+        dist.init_process_group(setup.transport, init_method=setup.distributed_address, rank=setup.stage,
+                                world_size=setup.pp_size, timeout=timedelta(seconds=startup_seconds),
+                                device_id=self.device if setup.transport == "nccl" else None)
         self._in_flight: list[dist.Work] = []
         self._kept: tuple[torch.Tensor, ...] = ()
 
@@ -99,19 +108,19 @@ class GlooLink:
             work.wait()
         tokens, hidden_size = hidden.shape
         header = [microbatch] if self.structure_aware else [microbatch, tokens, hidden_size]
-        self._kept = (torch.tensor(header, dtype=torch.int64), hidden.contiguous())
+        self._kept = (torch.tensor(header, dtype=torch.int64, device=self.wire), hidden.to(self.wire).contiguous())
         self._in_flight = [dist.isend(tensor, dst=self.setup.stage + 1) for tensor in self._kept]
 
     def receive(self, microbatch: int, tokens: int, hidden_size: int, dtype: torch.dtype) -> torch.Tensor:
         source = self.setup.stage - 1
-        header = torch.empty(1 if self.structure_aware else 3, dtype=torch.int64)
+        header = torch.empty(1 if self.structure_aware else 3, dtype=torch.int64, device=self.wire)
         dist.recv(header, src=source)
         _check_order(self.setup.stage, microbatch, int(header[0]))
         if not self.structure_aware:
             tokens, hidden_size = int(header[1]), int(header[2])
-        hidden = torch.empty(tokens, hidden_size, dtype=dtype)
+        hidden = torch.empty(tokens, hidden_size, dtype=dtype, device=self.wire)
         dist.recv(hidden, src=source)
-        return hidden
+        return hidden.to(self.device)
 
     def close(self) -> None:
         # Every send was received: the driver shuts stages down after their last results.

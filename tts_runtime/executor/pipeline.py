@@ -38,6 +38,7 @@ from tts_runtime.executor.stage_messages import (STARTUP_SECONDS, Launch, Ready,
                                                  StageModelSetup, StageResult, StageSetup, TraceDump,
                                                  TraceRequest)
 from tts_runtime.executor.layer_costs import measure_stage_costs
+from tts_runtime.executor.stage_placement import resolved_transport, stage_devices
 from tts_runtime.executor.stage_split import stage_layers
 from tts_runtime.executor.stage_worker import stage_main
 from tts_runtime.models.arch import ArchConfig
@@ -88,6 +89,11 @@ class PipelineGroup:
         self.name = name
         self.pp_size = pp = parallel.pp_size
         self.config = config
+        # Stages go where the driver's copy of the models is (as a local executor's forward would).
+        devices = stage_devices(models[0].loaded.model.output_weight.device, pp,
+                                torch.cuda.device_count() if torch.cuda.is_available() else 0)
+        transport = resolved_transport(parallel.transport, devices)
+        self.devices, self.transport = devices, transport
         threads = parallel.threads_per_stage or max(1, (os.cpu_count() or 1) // pp)
         self.layers = {m.key: stage_layers(m.arch, pp, parallel.pp_layers if i == 0 else None,
                                            partial(measure_stage_costs, m.loaded, config,
@@ -96,7 +102,7 @@ class PipelineGroup:
         slot_bytes = max(config.scheduler.max_num_batched_tokens * m.arch.hidden_size
                          * torch.empty((), dtype=m.dtype).element_size() for m in models)
         # Boundary b joins stage b to b + 1; one slot per microbatch in flight.
-        shared = parallel.structure_aware and parallel.transport != "gloo"
+        shared = parallel.structure_aware and transport == "shm"
         slots = [[torch.zeros(slot_bytes, dtype=torch.uint8).share_memory_() for _ in range(pp)]
                  for _ in range(pp - 1)] if shared else [[] for _ in range(pp - 1)]
         self.context = zmq.Context()
@@ -109,7 +115,7 @@ class PipelineGroup:
             control_ports.append(control.bind_to_random_port("tcp://127.0.0.1"))
             self.controls.append(control)
         link_ports = [_free_port() for _ in range(pp - 1)]
-        gloo = f"tcp://127.0.0.1:{_free_port()}" if parallel.transport == "gloo" else None
+        distributed = f"tcp://127.0.0.1:{_free_port()}" if transport != "shm" else None
         spawn = mp.get_context("spawn")
         self.processes = []
         for stage in range(pp):
@@ -121,7 +127,8 @@ class PipelineGroup:
                 result_address=f"tcp://127.0.0.1:{result_port}",
                 receive_address=f"tcp://127.0.0.1:{link_ports[stage - 1]}" if stage > 0 else None,
                 send_address=f"tcp://127.0.0.1:{link_ports[stage]}" if stage < pp - 1 else None,
-                gloo_address=gloo, receive_slots=slots[stage - 1] if stage > 0 else [],
+                device=str(devices[stage]), transport=transport, distributed_address=distributed,
+                receive_slots=slots[stage - 1] if stage > 0 else [],
                 send_slots=slots[stage] if stage < pp - 1 else [])
             process = spawn.Process(target=stage_main, args=(setup,), daemon=True, name=f"tts-stage-{stage}")
             process.start()

@@ -41,7 +41,9 @@ class StageSetup:
     result_address: str  # to the driver (it connects)
     receive_address: str | None  # activations from the previous stage (it binds)
     send_address: str | None  # activations to the next stage (it connects)
-    gloo_address: str | None = None  # the stages' process group (transport "gloo"), else shared memory
+    device: str = "cpu"  # where this stage's layers, KV and activations live
+    transport: str = "shm"  # resolved: shm, gloo or nccl (stage_placement.py)
+    distributed_address: str | None = None  # the stages' process group (gloo, nccl)
     # Shared-memory activation slots (uint8), slot = microbatch mod pp.
     receive_slots: list[torch.Tensor] = field(default_factory=list)
     send_slots: list[torch.Tensor] = field(default_factory=list)

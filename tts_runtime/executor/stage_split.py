@@ -39,7 +39,9 @@ def stage_layers(arch: ArchConfig, pp_size: int, counts: tuple[int, ...] | None,
                  measure: Callable[[], StageCosts]) -> list[range]:
     """The contiguous layer range of each stage: `counts` (--pp-layers), else balanced on
     the costs `measure` returns (called only then: it runs the model)."""
-    if counts is None:
+    if counts is None and pp_size == 1:
+        counts = (arch.num_layers,)  # one stage (an overlap worker): nothing to balance
+    elif counts is None:
         costs = measure()
         counts = tuple(balanced_split(costs.layers, pp_size, costs.head))
     elif sum(counts) != arch.num_layers:

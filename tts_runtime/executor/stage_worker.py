@@ -1,15 +1,18 @@
-"""A pipeline stage process: its layer slice of every co-hosted model, KV for those layers.
+"""A pipeline stage process: its layer slice of every co-hosted model, KV for those layers,
+on its device (the CPU, or its GPU: stage_placement.py).
 
 Per microbatch, in launch order: take the schedule (sent by the driver to every stage at
-launch), get the input activations (the first stage embeds the token ids; the others read
-the previous stage's shared-memory slot once it signals), run the slice, then hand the
+launch), get the input activations (the first stage embeds the token ids; the others
+receive the previous stage's, activation_link.py), run the slice, then hand the
 activations on, or, on the last stage, compute only the needed logits rows (and candidate
 columns for scores), sample them if asked, and return them to the driver.
 
 SiPipe's techniques, each switchable (ParallelConfig):
 * token-safe execution: a preparing thread copies microbatch i+1's schedule into the input
   buffers of its parity while microbatch i computes; a buffer is refilled only after the
-  microbatch that used it has finished here (one semaphore per parity);
+  microbatch that used it has finished here (one semaphore per parity). On a GPU with
+  CUDA graphs on, each parity has its own decode graphs over its own static buffers
+  (stage_graphs.py), and decode-only microbatches replay them;
 * structure-aware transmission: the receiver sizes the activation from the schedule it
   already holds, so the sender writes the slot and sends only a ready signal (off: the
   activation travels as a message carrying its shape);
@@ -33,13 +36,14 @@ from dataclasses import dataclass, replace
 import torch
 import zmq
 
-from tts_runtime.executor.activation_link import ActivationLink, GlooLink, SharedMemoryLink
+from tts_runtime.executor.activation_link import ActivationLink, DistributedLink, SharedMemoryLink
 from tts_runtime.executor.attention import select_backend
 from tts_runtime.executor.batch import AttentionMetadata, ModelInput, ModelOutput
 from tts_runtime.executor.layer_ops import layer_ops
 from tts_runtime.executor.kv_cache import allocate_kv_cache
 from tts_runtime.executor.local import compute_output_logits
 from tts_runtime.executor.sampler import sample
+from tts_runtime.executor.stage_graphs import StageGraphs
 from tts_runtime.executor.stage_messages import (STARTUP_SECONDS, Launch, Ready, Shutdown, StageFailure, StageModelSetup,
                                                  StageResult, StageSetup, TraceDump, TraceRequest)
 from tts_runtime.models.decoder import ModelPart
@@ -56,6 +60,7 @@ class _StageModel:
     kv_caches: list[tuple[torch.Tensor, torch.Tensor]]
     hidden_size: int
     dtype: torch.dtype
+    num_blocks: int
 
 
 def _die_with_parent(parent_pid: int) -> None:
@@ -76,16 +81,27 @@ def _receive(socket: zmq.Socket, parent_pid: int, copy: bool = True):
     return socket.recv_pyobj() if copy else socket.recv()
 
 
-class _InputBuffers:
-    """One version of a stage's input tensors; a batch is copied in and read as views."""
+@dataclass
+class _Prepared:
+    """A control message ready to run: a launch's inputs sit in the buffers of `version`,
+    in a decode graph's static buffers when `padded` is set."""
 
-    def __init__(self) -> None:
+    message: object
+    version: int | None = None
+    padded: int | None = None
+
+
+class _InputBuffers:
+    """One version of a stage's input tensors, on its device; a batch is copied in and read as views."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
         self._store: dict[str, torch.Tensor] = {}
 
     def _hold(self, name: str, value: torch.Tensor) -> torch.Tensor:
         held = self._store.get(name)
         if held is None or held.dtype != value.dtype or held.numel() < value.numel():
-            held = torch.empty(max(value.numel(), 1) * 2, dtype=value.dtype)
+            held = torch.empty(max(value.numel(), 1) * 2, dtype=value.dtype, device=self.device)
             self._store[name] = held
         view = held[: value.numel()].view(value.shape)
         view.copy_(value)
@@ -110,33 +126,49 @@ class StageWorker:
         self.control.connect(setup.control_address)
         self.results = self.context.socket(zmq.PUSH)
         self.results.connect(setup.result_address)
+        self.device = device = torch.device(setup.device)
+        if device.type == "cuda":
+            torch.cuda.set_device(device)
         self.link = self._link(setup)
         self.models = {spec.key: self._load(spec) for spec in setup.models}
-        device = torch.device("cpu")
         self.backend = select_backend(setup.config.attention_backend, device, setup.config.group_decodes_by_length,
                                       setup.config.cascade_attention)
         self.ops = layer_ops(device, setup.config, [m.model for m in self.models.values()])
+        graphed = device.type == "cuda" and setup.config.cuda_graphs and self.backend.name == "triton"
+        self.graphs = self._capture_graphs() if graphed else {}
         self.generator = torch.Generator().manual_seed(setup.config.seed)
-        self.buffers = [_InputBuffers(), _InputBuffers()]
+        self.buffers = [_InputBuffers(device), _InputBuffers(device)]
         self.free_versions = [threading.Semaphore(1), threading.Semaphore(1)]
         self.prepared: queue.Queue = queue.Queue()
         self.events: list[tuple[str, int, int, float, float]] = []
         self.token_safe = parallel.token_safe
 
     def _link(self, setup: StageSetup) -> ActivationLink:
-        if setup.gloo_address is not None:
-            return GlooLink(setup, STARTUP_SECONDS)
+        if setup.transport != "shm":
+            return DistributedLink(setup, STARTUP_SECONDS)
         return SharedMemoryLink(setup, self.context,
                                 lambda socket, copy=True: _receive(socket, setup.parent_pid, copy))
 
     def _load(self, spec: StageModelSetup) -> _StageModel:
         part = ModelPart(spec.layers, embedding=self.setup.is_first, head=self.setup.is_last)
-        loaded = load_model(spec.model, spec.dtype, torch.device("cpu"), part)
+        loaded = load_model(spec.model, spec.dtype, self.device, part)
         model = loaded.model
         own_layers = replace(loaded.arch, num_layers=len(spec.layers))  # KV for this stage's layers only
         caches = allocate_kv_cache(own_layers, spec.num_blocks, self.setup.config.cache.block_size, spec.dtype,
-                                   torch.device("cpu"))
-        return _StageModel(model, spec.layers, caches, loaded.arch.hidden_size, spec.dtype)
+                                   self.device)
+        return _StageModel(model, spec.layers, caches, loaded.arch.hidden_size, spec.dtype, spec.num_blocks)
+
+    def _capture_graphs(self) -> dict[str, list[StageGraphs]]:
+        """Per model, one set of decode graphs per input-buffer parity (token-safe execution)."""
+        config = self.setup.config
+        block_size = config.cache.block_size
+        graphs = {}
+        for key, m in self.models.items():
+            max_blocks = min(-(-m.model.arch.max_position_embeddings // block_size), m.num_blocks)
+            graphs[key] = [StageGraphs(m.model, m.layers, m.kv_caches, self.backend, self.ops,
+                                       first=self.setup.is_first, max_num_seqs=config.scheduler.max_num_seqs,
+                                       max_blocks_per_seq=max_blocks, block_size=block_size) for _ in range(2)]
+        return graphs
 
     # -- preparing inputs (token-safe execution) -------------------------------------------
     def _prepare_loop(self) -> None:
@@ -146,17 +178,20 @@ class StageWorker:
             if isinstance(message, Shutdown):
                 return
 
-    def _prepare(self, message):
+    def _prepare(self, message) -> _Prepared:
         if not isinstance(message, Launch):
-            return message, None
+            return _Prepared(message)
         version = message.microbatch % 2
         self.free_versions[version].acquire()  # the microbatch that used it has finished here
         start = time.perf_counter()
-        batch = self.buffers[version].fill(message.batch)
+        graphs = self.graphs.get(message.model)
+        padded = graphs[version].prepare(message.batch) if graphs else None
+        if padded is None:
+            message = replace(message, batch=self.buffers[version].fill(message.batch))
         self.events.append(("prepare", message.microbatch, version, start, time.perf_counter()))
-        return replace(message, batch=batch), version
+        return _Prepared(message, version, padded)
 
-    def _next(self):
+    def _next(self) -> _Prepared:
         if self.token_safe:
             while True:
                 try:
@@ -172,7 +207,8 @@ class StageWorker:
         if self.token_safe:
             threading.Thread(target=self._prepare_loop, daemon=True).start()
         while True:
-            message, version = self._next()
+            prepared = self._next()
+            message, version = prepared.message, prepared.version
             if isinstance(message, Shutdown):
                 self.link.close()
                 return
@@ -180,24 +216,30 @@ class StageWorker:
                 self.results.send_pyobj(TraceDump(self.setup.stage, list(self.events)))
                 continue
             try:
-                self._run_microbatch(message, version)
+                self._run_microbatch(message, version, prepared.padded)
             finally:
                 self.free_versions[version].release()
 
     @torch.inference_mode()
-    def _run_microbatch(self, launch: Launch, version: int) -> None:
+    def _run_microbatch(self, launch: Launch, version: int, padded: int | None) -> None:
+        """`padded`: the size of the decode graph whose buffers hold this batch (None: eager)."""
         stage_model = self.models[launch.model]
         batch = launch.batch
         wait = time.perf_counter()
-        if self.setup.is_first:
-            hidden = stage_model.model.embed(batch.input_ids)
-        else:
+        if not self.setup.is_first:
             hidden = self.link.receive(launch.microbatch, batch.input_ids.shape[0], stage_model.hidden_size,
                                        stage_model.dtype)
+        elif padded is None:
+            hidden = stage_model.model.embed(batch.input_ids)
+        else:
+            hidden = None  # the graph embeds
         start = time.perf_counter()
         self.events.append(("wait", launch.microbatch, version, wait, start))
-        hidden = stage_model.model.run_layers(hidden, batch.positions, stage_model.kv_caches, batch.meta,
-                                              self.backend, self.ops, stage_model.layers)
+        if padded is not None:
+            hidden = self.graphs[launch.model][version].replay(padded, batch.input_ids.shape[0], hidden)
+        else:
+            hidden = stage_model.model.run_layers(hidden, batch.positions, stage_model.kv_caches, batch.meta,
+                                                  self.backend, self.ops, stage_model.layers)
         if self.setup.is_last:
             self.results.send_pyobj(StageResult(launch.microbatch, self._output(stage_model, hidden, launch)))
         else:
@@ -207,12 +249,13 @@ class StageWorker:
     def _output(self, stage_model: _StageModel, hidden: torch.Tensor, launch: Launch) -> ModelOutput:
         model = stage_model.model
         output = compute_output_logits(model, model.norm(hidden, self.ops), launch.batch, self.ops)
+        scores = [logits.cpu() for logits in output.score_logits]  # no-ops on a CPU stage
         plan = launch.sample_plan
         if plan is None:
-            return output
+            return ModelOutput(output.sample_logits.cpu(), scores)
         logits = output.sample_logits[plan.logit_rows] if plan.logit_rows else output.sample_logits
         tokens = sample(logits, plan.rows, self.generator) if plan.rows else []
-        return ModelOutput(output.sample_logits[:0], output.score_logits, tokens)
+        return ModelOutput(output.sample_logits[:0].cpu(), scores, tokens)
 
 def stage_main(setup: StageSetup) -> None:
     """Entry point of a spawned stage process."""
