@@ -138,7 +138,8 @@ def bench_cohost(bench: CohostBench, *, command: Sequence[str], log: Callable[[s
              "overlap on CPU: a worker process per engine, each with half the cores; without overlap one "
              "process runs both models on all cores (the threads column). On a loaded machine a 2-thread "
              "process can lose much more to oversubscription than two 1-thread ones, which flatters overlap "
-             "beyond what running the engines at once gives: compare on an idle machine.",
+             "beyond what running the engines at once gives: compare on an idle machine. With batched "
+             "phases and overlap the generator decodes in every step; the phases only batch the PRM's launches.",
              f"Batched-phase thresholds: PRM buffer {bench.thresholds.prm_buffer_tokens} tokens, generator low "
              f"water {bench.thresholds.generator_low_water}, generator buffer "
              f"{bench.thresholds.generator_buffer_seqs} sequences.",

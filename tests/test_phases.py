@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+from dataclasses import dataclass
 
 import pytest
 
@@ -18,6 +19,7 @@ from memory.split import MemoryConfig
 from search import SearchConfig, run_search
 from tts_runtime.config import CohostConfig, ConfigError, EngineConfig, SchedulerConfig
 from tts_runtime.engine.request import SamplingParams, ScoreParams
+from tts_runtime.phases import GENERATOR, PRM, PhaseScheduler
 from tts_runtime.runtime import Runtime
 
 CHUNK = 16
@@ -93,6 +95,37 @@ def test_phase_policy_steps_the_engines_by_its_rule(generator_model, prm_model, 
         assert (counters.generator.forwards, counters.prm.forwards) == (gen_forwards, prm_forwards)
     finally:
         runtime.shutdown()
+
+
+@dataclass
+class _Load:
+    """An engine's load as the phase rule reads it."""
+
+    num_unfinished_sequences: int
+    pending_tokens: int = 0
+
+    def pending_prefill_tokens(self) -> int:
+        return self.pending_tokens
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_batched_phases_under_overlap_only_hold_back_the_prm(overlap):
+    """Without overlap a phase is a turn of one engine; overlapped, the generator decodes in
+    every step and the phase only says when the PRM launches."""
+    phases = PhaseScheduler(CohostConfig(phase_policy="batched", prm_buffer_tokens=100, overlap=overlap))
+    both = {GENERATOR, PRM}
+    generator, prm = _Load(8), _Load(0, pending_tokens=50)
+    engines = {GENERATOR: generator, PRM: prm}
+    prm_phase = [GENERATOR, PRM] if overlap else [PRM]
+    assert phases.choose(both, engines) == [GENERATOR]  # the PRM's buffer is not full: it waits
+    prm.pending_tokens = 100
+    assert phases.choose(both, engines) == prm_phase  # full: the PRM's phase begins
+    prm.pending_tokens = 10
+    assert phases.choose(both, engines) == prm_phase  # and lasts until the PRM is drained
+    assert phases.choose({GENERATOR}, engines) == [GENERATOR]
+    assert phases.choose(both, engines) == [GENERATOR]  # buffering again
+    generator.num_unfinished_sequences = 0
+    assert phases.choose({PRM}, engines) == [PRM]  # the generator ran dry
 
 
 def test_bad_phase_settings_are_one_line_errors():

@@ -125,7 +125,8 @@ class CohostConfig:
     the generator until its unfinished sequences fall to `generator_low_water` or the PRM's
     uncached pending tokens reach `prm_buffer_tokens`; then the PRM until it is drained or
     the generator's unfinished sequences reach `generator_buffer_seqs`. `overlap` runs the
-    two engines' forwards at the same time (CPU: a worker process each; CUDA: a stream each)."""
+    two engines' forwards at the same time (CPU: a worker process each; CUDA: a stream each);
+    with both, the generator decodes in every step and the phases only batch the PRM."""
 
     phase_policy: str = "alternate"
     prm_buffer_tokens: int = 2048

@@ -14,6 +14,11 @@ next step on the generator. So:
 
 An engine that has no work never keeps the turn while the other has some, so a search
 waiting on scores while the generator is idle always gets them: the rule cannot deadlock.
+
+Under `overlap` the engines do not take turns on one device, so a phase there is only the
+PRM's batching window: the generator keeps decoding in every step it has work, and the PRM
+launches while its phase is on (same switching rule). Without this the two overlapped
+workers would run one at a time, each on its half of the cores.
 """
 
 from __future__ import annotations
@@ -46,6 +51,8 @@ class PhaseScheduler:
         other = PRM if self.phase == GENERATOR else GENERATOR
         if other in runnable and (self.phase not in runnable or self._buffer_says_switch(engines)):
             self.phase = other
+        if self.config.overlap:
+            return [name for name in ORDER if name in runnable and (name == GENERATOR or self.phase == PRM)]
         return [self.phase] if self.phase in runnable else []
 
     def _buffer_says_switch(self, engines: dict[str, PhaseEngine]) -> bool:
