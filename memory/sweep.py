@@ -416,7 +416,9 @@ def write_markdown(result: SweepResult, header: dict, plots: list[Path], path: P
     """The benchmark report: table, plots (copied beside the report), machine, command, thesis."""
     plot_dir = path.parent / path.stem
     plot_dir.mkdir(parents=True, exist_ok=True)
-    copied = [Path(shutil.copy(p, plot_dir / p.name)) for p in plots]
+    # The report may sit beside its own sweep folder (--out runs/x --markdown runs/x.md).
+    copied = [p if p.resolve() == (plot_dir / p.name).resolve() else Path(shutil.copy(p, plot_dir / p.name))
+              for p in plots]
     summary, rows = result.summary, result.rows
     lines = [
         "# Memory split sweep: static, auto and elastic", "",

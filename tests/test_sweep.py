@@ -77,8 +77,9 @@ def test_tiny_sweep_writes_table_json_plots_and_report(cli, math500_path, tmp_pa
 @pytest.mark.slow
 def test_shifting_workload_runs_both_phases_in_order_on_one_runtime(cli, math500_path, tmp_path):
     out = tmp_path / "sweep"
+    # The report beside the sweep folder of its own name: its plots are already in place.
     _, payload = _sweep(cli, math500_path, out, "--splits", "0.3", "--policies", "static,elastic", "--limit", "2",
-                        "--workload", "shifting")
+                        "--workload", "shifting", "--markdown", str(tmp_path / "sweep.md"))
     phases = payload["workload_phases"]
     assert [p["phase"] for p in phases] == ["generator-heavy", "prm-heavy"]
     assert [p["problems"] for p in phases] == [1, 1]
@@ -93,6 +94,7 @@ def test_shifting_workload_runs_both_phases_in_order_on_one_runtime(cli, math500
         assert [m["phase"] for m in marks] == ["generator-heavy", "prm-heavy"]
         assert marks[0]["first_step"] == 0 < marks[1]["first_step"] and all(m["seconds"] > 0 for m in marks)
     assert (out / "blocks_over_steps.png").read_bytes()[:8] == PNG_MAGIC
+    assert "](sweep/blocks_over_steps.png)" in (tmp_path / "sweep.md").read_text()
 
 
 @pytest.mark.parametrize("args, message", [
