@@ -16,7 +16,11 @@ Three rules, in order:
    the donor holds no cached prefix in: memory the donor does not use at all. A burst
    of waiting requests is served over several steps anyway, and taking the other
    model's cache for it just moves the recomputation there (the first benchmark of
-   this policy did exactly that, sloshing large moves back and forth).
+   this policy did exactly that, sloshing large moves back and forth). Unless the
+   starved model's recent recompute cost clearly exceeds the donor's (rule 3's test):
+   then the donor's cache is worth less than what the starved model loses, and waiting
+   for thrash to move memory a few blocks a step left a PRM-heavy phase thrashing
+   through most of its length (docs/benchmarks/memory_shifting.md).
 3. Cache pressure: thrash, i.e. recomputing prefix blocks evicted earlier. The model
    takes as many blocks as it just recomputed, cached chunks included (least recently
    used first), while its recent recompute cost clearly exceeds the donor's. Costs are
@@ -105,14 +109,16 @@ class ElasticPolicy:
 
     def _relieve(self, receiver: str, donor: str, pressures: dict[str, Pressure], step: int) -> None:
         now = pressures[receiver]
+        mine, theirs = self._recent_cost[receiver], self._recent_cost[donor]
+        losing_more = mine > _MARGIN * theirs
         if self._starved(receiver, pressures) and not self._starved(donor, pressures):
             deficit = max(now.waiting_blocks - now.free_blocks, 1)
+            taken = "free chunks, cached ones included" if losing_more else "unused chunks"
             self._move(donor, receiver, deficit, pressures, step,
                        f"starved: {receiver} preempted or could not admit ({now.waiting_blocks} waiting "
-                       f"blocks, {now.free_blocks} free); takes {donor}'s unused chunks", allow_cached=False)
+                       f"blocks, {now.free_blocks} free); takes {donor}'s {taken}", allow_cached=losing_more)
         thrashed = now.thrash_events - self._last[receiver].thrash_events
-        mine, theirs = self._recent_cost[receiver], self._recent_cost[donor]
-        if thrashed > 0 and mine > _MARGIN * theirs:
+        if thrashed > 0 and losing_more:
             self._move(donor, receiver, thrashed, pressures, step,
                        f"thrash: {receiver} recomputed {thrashed} evicted blocks; recent recompute "
                        f"{mine:.3g} vs {donor} {theirs:.3g} FLOPs")

@@ -15,6 +15,8 @@ from memory.split import MemoryConfig, Workload, parse_size, plan_memory
 from memory.sweep import parse_splits, settings_for
 from tts_runtime import ConfigError, EngineConfig, SamplingParams, SchedulerConfig, ScoreParams
 from tts_runtime.engine.block_manager import ROOT_HASH, BlockManager
+from tts_runtime.engine.scheduler import Scheduler
+from tts_runtime.engine.sequence import RequestGroup, Sequence
 from tts_runtime.runtime import Runtime, profile_models, profile_one
 
 CONFIG = EngineConfig(scheduler=SchedulerConfig(max_num_batched_tokens=128))
@@ -217,6 +219,30 @@ def test_elastic_moves_chunks_to_the_starved_model_and_matches_static(generator_
         assert scores == pytest.approx(reference, abs=1e-5)
 
 
+def test_waiting_blocks_count_a_shared_prefix_block_once():
+    """What an elastic donor keeps for its queue: four beams of one problem wait, sharing 3
+    full blocks of which a running beam holds the first 2."""
+    blocks = BlockManager(40, 4)
+    scheduler = Scheduler(SchedulerConfig(), blocks)
+    shared = list(range(100, 112))
+    parent = ROOT_HASH
+    for k, block_id in enumerate(blocks.allocate(2)):  # held: the running beam's references stay
+        parent = blocks.register_full_block(block_id, parent, tuple(shared[4 * k:4 * k + 4]))
+    for beam in range(4):
+        tokens = shared + [200 + 10 * beam + i for i in range(6)]  # 18 tokens: 5 blocks each
+        group = RequestGroup(f"beam{beam}", tokens, SamplingParams(temperature=0, max_tokens=8), beam)
+        group.sequences.append(Sequence(beam, group, list(tokens)))
+        scheduler.add(group.sequences[0])
+    # Each beam's own blocks: a full one (tokens 12-15) and a partial one (16-17), 4 x 2;
+    # the third shared block once; the two held blocks not at all. Per beam it would be 5 x 4.
+    assert scheduler.num_waiting_blocks() == 4 * 2 + 1
+    # Without prefix caching nothing is shared.
+    plain = Scheduler(SchedulerConfig(), BlockManager(40, 4, enable_prefix_caching=False))
+    for seq in list(scheduler.waiting):
+        plain.add(seq)
+    assert plain.num_waiting_blocks() == 4 * 5
+
+
 # -- the elastic policy on scripted pressure -------------------------------------------
 def _pressure(owned: int, *, work: bool = True, free: int = 0, waiting: int = 0, progress: int = 1,
               preemptions: int = 0, stalls: int = 0, thrash: int = 0) -> Pressure:
@@ -250,6 +276,17 @@ def test_policy_gives_a_starved_model_the_donors_unused_chunks_only():
     busy = {"a": _pressure(4, free=1, waiting=5, stalls=1), "b": _pressure(6, free=2, waiting=1)}
     policy.rebalance(busy, 1, {})
     assert pool.moves == []  # b holds 4 and waits for 1: it needs both of its chunks
+    # Once a's recent recomputes clearly outweigh b's, starvation takes cached chunks too.
+    policy, pool, a, b = _policy()
+    b.register_full_block(b.allocate(1)[0], ROOT_HASH, (1, 2, 3, 4))
+    b.free([6])
+    policy.rebalance(calm, 0, {})
+    policy.rebalance({"a": _pressure(4, free=4, thrash=2), "b": _pressure(6, free=6, work=False)}, 1, {})
+    assert [(m.receiver, m.chunks) for m in pool.moves] == [("a", (3,))]  # thrash: the uncached chunk
+    policy.rebalance({"a": _pressure(6, free=1, waiting=5, preemptions=1, thrash=2),
+                      "b": _pressure(3, free=3, work=False)}, 2, {})
+    assert [(m.receiver, m.chunks, m.evicted_blocks) for m in pool.moves[1:]] == [("a", (2,), 1)]
+    assert "cached ones included" in pool.moves[1].reason
 
 
 def test_policy_moves_on_thrash_only_while_the_receiver_loses_clearly_more():

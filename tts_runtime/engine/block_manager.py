@@ -107,6 +107,12 @@ class BlockManager:
     def block_hash(self, block_id: int) -> int | None:
         return self._blocks[block_id].block_hash
 
+    def is_held(self, block_hash: int) -> bool:
+        """A device block with this chained hash has a reference on it (a running sequence
+        uses it): one more sequence sharing it takes no new block."""
+        block_id = self._by_hash.get(block_hash)
+        return block_id is not None and self._blocks[block_id].ref_count > 0
+
     # -- events ----------------------------------------------------------------------
     def _emit(self, kind: BlockEventKind, block_id: int, block_hash: int | None, **extra: float) -> None:
         if self.listeners:

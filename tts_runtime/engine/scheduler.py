@@ -121,9 +121,20 @@ class Scheduler:
         return self.blocks.num_free_blocks / usable if usable else 0.0
 
     def num_waiting_blocks(self) -> int:
-        """Blocks the waiting sequences would hold once admitted (cache hits included)."""
+        """Blocks admitting every waiting sequence would add to those held now (cached-free
+        hits included). Beams of a problem wait together and share most of their blocks, so
+        a prefix block several of them share counts once, and one a running sequence holds
+        not at all; counting each sequence's whole length made an elastic donor keep
+        several times the memory its queue needs."""
         bs = self.blocks.block_size
-        return sum(-(-s.num_tokens // bs) for s in self.waiting)
+        counted: set[int] = set()
+        total = 0
+        for seq in self.waiting:
+            hashes = self._waiting_hashes(seq)
+            total += -(-seq.num_tokens // bs) - len(hashes)
+            total += sum(1 for h in hashes if h not in counted and not self.blocks.is_held(h))
+            counted.update(hashes)
+        return total
 
     def blocks_to_progress(self) -> int:
         """A pool of this many blocks lets the next step compute something: every running
