@@ -8,6 +8,7 @@ tokens."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 import torch
@@ -29,11 +30,19 @@ def kernel():
         pytest.fail(f"the CPU kernel must build where the tests run: {exc}")
 
 
-def check(kernel, case: Case, cascade: bool = True) -> CpuPagedAttention:
+def head_major(cache: torch.Tensor) -> torch.Tensor:
+    """The same [blocks, block_size, kv_heads, head_dim] pool with each block's bytes head by head."""
+    return cache.permute(0, 2, 1, 3).contiguous().permute(0, 2, 1, 3)
+
+
+def check(kernel, case: Case, cascade: bool = True, bf16_dot: bool = True,
+          layout: str = "token-major") -> CpuPagedAttention:
     query, k_cache, v_cache, meta = build(case)
     scale = case.head_dim ** -0.5
     ref = TorchAttention().attend(query, k_cache, v_cache, meta, scale, case.window, case.softcap)
-    backend = CpuPagedAttention(kernel, cascade=cascade)
+    if layout == "head-major":
+        k_cache, v_cache = head_major(k_cache), head_major(v_cache)
+    backend = CpuPagedAttention(kernel, cascade=cascade, bf16_dot=bf16_dot)
     out = backend.attend(query, k_cache, v_cache, meta, scale, case.window, case.softcap)
     assert out.dtype == query.dtype and out.shape == query.shape and torch.isfinite(out).all()
     err = ((out.float() - ref.float()).abs().max() / ref.float().abs().max()).item()
@@ -43,8 +52,19 @@ def check(kernel, case: Case, cascade: bool = True) -> CpuPagedAttention:
 
 @pytest.mark.parametrize("name", list(CASES))
 @pytest.mark.parametrize("cascade", [True, False], ids=["cascade", "flat"])
-def test_kernel_matches_torch(kernel, name: str, cascade: bool) -> None:
-    check(kernel, CASES[name], cascade)
+@pytest.mark.parametrize("layout", ["token-major", "head-major"])
+def test_kernel_matches_torch(kernel, name: str, cascade: bool, layout: str) -> None:
+    check(kernel, CASES[name], cascade, layout=layout)
+
+
+@pytest.mark.parametrize("name", [n for n, c in CASES.items() if c.dtype == torch.bfloat16])
+def test_bf16_cases_match_torch_with_the_dot_products_off(kernel, name: str) -> None:
+    check(kernel, CASES[name], bf16_dot=False)
+
+
+def test_bf16_dot_products_are_built_where_the_cpu_has_them(kernel) -> None:
+    flags = next((line.split(":", 1)[1].split() for line in open("/proc/cpuinfo") if line.startswith("flags")), [])
+    assert kernel.bf16_dot_available() == ("avx512_bf16" in flags)
 
 
 def test_prefix_tree_groups_by_block_ids() -> None:
@@ -62,8 +82,16 @@ def test_prefix_tree_groups_by_block_ids() -> None:
 # -- the engine on the real demo models ----------------------------------------------------
 
 BACKENDS = {"torch": dict(attention_backend="torch"), "cpu-flat": dict(attention_backend="cpu", cascade_attention=False),
-            "cpu-cascade": dict(attention_backend="cpu", cascade_attention=True)}
+            "cpu-cascade": dict(attention_backend="cpu", cascade_attention=True),
+            "cpu-token-major": dict(attention_backend="cpu", kv_layout="token-major")}
 SMALL_POOL = CacheConfig(num_blocks=160)  # these prompts need < 100 blocks; the default pool is 1 GiB
+
+
+def engine_config(switches: dict, **more) -> EngineConfig:
+    """Every engine here on SMALL_POOL, in the layout the switches name (auto: head-major on CPU)."""
+    switches = dict(switches)
+    cache = replace(SMALL_POOL, kv_layout=switches.pop("kv_layout", "auto"))
+    return EngineConfig(cache=cache, **switches, **more)
 
 
 @pytest.fixture(scope="module")
@@ -93,11 +121,11 @@ def test_greedy_tokens_match_torch_on_beams_sharing_a_prefix(generator_model, pr
     params[0] = SamplingParams(temperature=0, n=3, max_tokens=12, ignore_eos=True)  # forks of one prompt
     outputs = {}
     for name, switches in BACKENDS.items():
-        engine = Engine(generator_model.name, EngineConfig(cache=SMALL_POOL, scheduler=scheduler, **switches), loaded=generator_model)
+        engine = Engine(generator_model.name, engine_config(switches, scheduler=scheduler), loaded=generator_model)
         assert engine.executor.backend.name == switches["attention_backend"]
         outputs[name] = [[c.token_ids for c in o.completions] for o in engine.generate(prompts, params)]
-    assert outputs["cpu-cascade"] == outputs["torch"]
-    assert outputs["cpu-flat"] == outputs["torch"]
+    for name in ("cpu-flat", "cpu-cascade", "cpu-token-major"):
+        assert outputs[name] == outputs["torch"], name
 
 
 def test_prm_scores_match_torch_with_sliding_window_layers(prm_model, problem):
@@ -108,10 +136,10 @@ def test_prm_scores_match_torch_with_sliding_window_layers(prm_model, problem):
                           return_logits=True) for p in prompts]
     scores = {}
     for name, switches in BACKENDS.items():
-        engine = Engine(prm_model.name, EngineConfig(cache=SMALL_POOL, **switches), loaded=prm_model)
+        engine = Engine(prm_model.name, engine_config(switches), loaded=prm_model)
         engine.score(prompts[:1], params[:1])  # the rest extend a cached prefix
         scores[name] = torch.tensor([o.scores for o in engine.score(prompts, params)])
-    for name in ("cpu-flat", "cpu-cascade"):
+    for name in ("cpu-flat", "cpu-cascade", "cpu-token-major"):
         torch.testing.assert_close(scores[name], scores["torch"], rtol=1e-4, atol=1e-4)
 
 
@@ -154,3 +182,17 @@ def test_head_sizes_the_kernel_does_not_take_go_to_the_fallback(kernel, head_dim
     assert torch.equal(out, ref)
     with pytest.raises(RuntimeError, match="head_dim must be a multiple of 16 and at most 256"):
         CpuPagedAttention(kernel).attend(query, k_cache, v_cache, meta, scale, None, None)
+
+
+def test_beam_bench_runs_each_switch_at_its_dtypes(math500_path):
+    """The beam-shaped benchmark at a tiny size: every variant generates its tokens, and the
+    bf16-only switch runs at bf16 alone."""
+    from evals.bench_beam import BeamBenchConfig, bench_beam
+
+    config = BeamBenchConfig(prompts=1, n=2, prompt_tokens=40, new_tokens=3, repeats=1, hf=False,
+                             dtypes=(torch.float32, torch.bfloat16))
+    side, labels = bench_beam(config)
+    expected = ["tts_torch", "tts_kernel", "tts_cascade", "tts_onednn", "tts_prepacked", "tts_token_major",
+                "tts_onednn_bf16", "tts_prepacked_bf16", "tts_token_major_bf16", "tts_no_bf16_dot_bf16"]
+    assert [k for k in side.runs if not k.startswith("vllm")] == expected
+    assert all(side.median(k, "tokens") == 6 for k in expected)

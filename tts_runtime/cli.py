@@ -175,6 +175,10 @@ def _make_search_command(method: str, summary: str) -> None:
                                                             "cpu, torch or triton.")] = "auto",
         cascade: Annotated[Optional[bool], typer.Option(help="Shared-prefix (cascade) attention (default: on "
                                                              "in the cpu backend, off in triton).")] = None,
+        attention_bf16_dot: Annotated[bool, typer.Option(help="cpu backend, bf16 models: dot products on "
+                                                              "AVX512-BF16 where the CPU has it.")] = True,
+        kv_layout: Annotated[str, typer.Option(help="Byte order inside a KV block: auto (head-major on CPU, "
+                                                    "token-major on CUDA), head-major or token-major.")] = "auto",
         linear_backend: Annotated[str, typer.Option(help="CPU projections and output layer: auto "
                                                          "(onednn where torch has it), onednn, prepacked (oneDNN "
                                                          "on weights reordered once: faster decode, a packed "
@@ -231,11 +235,12 @@ def _make_search_command(method: str, summary: str) -> None:
                               f"{', '.join(ATTENTION_BACKENDS)}")
         _run_search_command(config, selection, generator, prm, out, resume, device,
                             _memory_config(device_memory, memory_split, memory_policy), scale, scheduler, parallel,
-                            backend=backend, attention=(attention_backend, cascade), linear_backend=linear_backend,
+                            backend=backend, attention=(attention_backend, cascade, attention_bf16_dot),
+                            linear_backend=linear_backend,
                             cohost=CohostConfig(phase_policy, prm_buffer_tokens, generator_low_water,
                                                 generator_buffer_seqs, overlap),
                             cache=CacheConfig(host_kv_bytes=parse_size(host_kv_memory),
-                                              host_kv_prefetch=host_kv_prefetch))
+                                              host_kv_prefetch=host_kv_prefetch, kv_layout=kv_layout))
 
     search_command.__doc__ = summary
     command(app, method)(search_command)
@@ -265,7 +270,8 @@ def _run_search_command(config: SearchConfig, selection: dict, generator: str, p
                         resume: bool, device: str, memory: MemoryConfig, scale: ScaleOut | None = None,
                         scheduler: SchedulerConfig = SchedulerConfig(),
                         parallel: ParallelConfig = ParallelConfig(), *, backend: str = "native",
-                        attention: tuple[str, bool] = ("auto", True), linear_backend: str = "auto",
+                        attention: tuple[str, bool | None, bool] = ("auto", None, True),
+                        linear_backend: str = "auto",
                         cohost: CohostConfig = CohostConfig(), cache: CacheConfig = CacheConfig()) -> None:
     problems = load_problems(selection["name"], dataset_path=selection["path"], limit=selection["limit"],
                              levels=set(selection["levels"]) if selection["levels"] else None,
@@ -286,6 +292,7 @@ def _run_search_command(config: SearchConfig, selection: dict, generator: str, p
                           "serve the native engine")
     engine_config = EngineConfig(cache=cache, device=device, scheduler=scheduler, parallel=parallel,
                                  attention_backend=attention[0], cascade_attention=attention[1],
+                                 attention_bf16_dot=attention[2],
                                  linear_backend=linear_backend, cohost=cohost)
     folder = RunFolder.open(out or Path("runs") / f"{config.method}-{time.strftime('%Y%m%d-%H%M%S')}",
                             resume=resume)

@@ -20,6 +20,9 @@ class ModelSpec:
     dtype: str = "auto"  # "auto", "float32", "bfloat16", "float16"
 
 
+KV_LAYOUTS = ("auto", "head-major", "token-major")
+
+
 @dataclass(frozen=True)
 class CacheConfig:
     block_size: int = 16
@@ -33,8 +36,13 @@ class CacheConfig:
     # Swap in the tier's blocks of the waiting requests the next step will admit, one step
     # ahead (behind the forward on CUDA; synchronously between steps on CPU).
     host_kv_prefetch: bool = True
+    # Byte order inside a KV block (executor/kv_cache.py): "head-major", "token-major", or
+    # "auto" (head-major on the CPU, token-major on CUDA).
+    kv_layout: str = "auto"
 
     def __post_init__(self) -> None:
+        if self.kv_layout not in KV_LAYOUTS:
+            raise ConfigError(f"unknown --kv-layout '{self.kv_layout}'; choose one of {', '.join(KV_LAYOUTS)}")
         if self.host_kv_bytes < 0:
             raise ConfigError(f"--host-kv-memory must be >= 0 (0 turns the host KV tier off), got {self.host_kv_bytes}")
 
@@ -165,6 +173,10 @@ class EngineConfig:
     # backend's default: on in the cpu kernel (measured), off in triton (not yet measured on
     # a GPU).
     cascade_attention: bool | None = None
+    # CPU kernel on a bf16 cache: query x key and weight x value dot products two elements at
+    # a time on AVX512-BF16 (vdpbf16ps) where the CPU has it; off: each element converted to
+    # fp32 first.
+    attention_bf16_dot: bool = True
     # The projections and the output layer on the CPU: "onednn" (oneDNN's JIT matmul, which
     # uses AVX-512 on AMD and Intel alike), "prepacked" (the same on weights reordered once
     # into oneDNN's blocked layout: a packed copy beside the module's, counted in the memory

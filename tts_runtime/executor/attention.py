@@ -140,10 +140,11 @@ class TorchAttention:
 
 
 def select_backend(name: str, device: torch.device, group_decodes_by_length: bool = True,
-                   cascade: bool | None = None) -> AttentionBackend:
+                   cascade: bool | None = None, bf16_dot: bool = True) -> AttentionBackend:
     """`auto`: triton on CUDA; on CPU the in-place C++ kernel (cpu_attention.py), or the torch
     backend with a one-time warning when the kernel cannot be built here. `cascade`:
-    shared-prefix attention in the cpu and triton backends (None: on in cpu, off in triton)."""
+    shared-prefix attention in the cpu and triton backends (None: on in cpu, off in triton);
+    `bf16_dot`: the cpu kernel's AVX512-BF16 dot products on a bf16 cache."""
     if name == "auto":
         name = "triton" if device.type == "cuda" else "cpu"
         if name == "cpu" and kernel_unavailable() is not None:
@@ -159,7 +160,8 @@ def select_backend(name: str, device: torch.device, group_decodes_by_length: boo
         if reason is not None:
             raise ConfigError(f"attention backend 'cpu': the C++ kernel is unavailable ({reason}); "
                               "use --attention-backend torch")
-        return CpuPagedAttention(load_kernel(), cascade is not False, fallback=TorchAttention(group_decodes_by_length))
+        return CpuPagedAttention(load_kernel(), cascade is not False, fallback=TorchAttention(group_decodes_by_length),
+                                 bf16_dot=bf16_dot)
     if name == "triton":
         from tts_runtime.executor.triton_attention import TritonAttention
 

@@ -73,14 +73,17 @@ def load_kernel() -> ModuleType:
 
 
 class CpuPagedAttention:
-    """The C++ paged-attention kernel; `cascade` turns shared-prefix attention on. Head sizes
-    the kernel does not take (not a multiple of 16, or over 256) go to `fallback`."""
+    """The C++ paged-attention kernel; `cascade` turns shared-prefix attention on, `bf16_dot`
+    the AVX512-BF16 dot products on a bf16 cache (where the build has them). Head sizes the
+    kernel does not take (not a multiple of 16, or over 256) go to `fallback`."""
 
     name = "cpu"
 
-    def __init__(self, kernel: ModuleType, cascade: bool = True, fallback: AttentionBackend | None = None) -> None:
+    def __init__(self, kernel: ModuleType, cascade: bool = True, fallback: AttentionBackend | None = None,
+                 bf16_dot: bool = True) -> None:
         self.kernel = kernel
         self.cascade = cascade
+        self.bf16_dot = bf16_dot
         self.fallback = fallback
         # Every layer of a forward passes the same metadata: plan once per forward.
         self._plan_for: tuple[AttentionMetadata, AttentionPlan] | None = None
@@ -107,5 +110,6 @@ class CpuPagedAttention:
             return out
         p = self.plan(meta, query.shape[0])
         self.kernel.paged_attention(query, k_cache, v_cache, p.tables, p.items, p.rows, p.parts_ptr, p.parts,
-                                    out, float(scale), float(softcap or 0.0), int(sliding_window or 0))
+                                    out, float(scale), float(softcap or 0.0), int(sliding_window or 0),
+                                    self.bf16_dot)
         return out

@@ -40,7 +40,7 @@ from tts_runtime.executor.activation_link import ActivationLink, DistributedLink
 from tts_runtime.executor.attention import select_backend
 from tts_runtime.executor.batch import AttentionMetadata, ModelInput, ModelOutput
 from tts_runtime.executor.layer_ops import layer_ops
-from tts_runtime.executor.kv_cache import allocate_kv_cache
+from tts_runtime.executor.kv_cache import allocate_kv_cache, resolved_kv_layout
 from tts_runtime.executor.local import compute_output_logits
 from tts_runtime.executor.sampler import sample
 from tts_runtime.executor.stage_graphs import StageGraphs
@@ -132,7 +132,7 @@ class StageWorker:
         self.link = self._link(setup)
         self.models = {spec.key: self._load(spec) for spec in setup.models}
         self.backend = select_backend(setup.config.attention_backend, device, setup.config.group_decodes_by_length,
-                                      setup.config.cascade_attention)
+                                      setup.config.cascade_attention, setup.config.attention_bf16_dot)
         self.ops = layer_ops(device, setup.config, [m.model for m in self.models.values()])
         graphed = device.type == "cuda" and setup.config.cuda_graphs and self.backend.name == "triton"
         self.graphs = self._capture_graphs() if graphed else {}
@@ -154,8 +154,9 @@ class StageWorker:
         loaded = load_model(spec.model, spec.dtype, self.device, part)
         model = loaded.model
         own_layers = replace(loaded.arch, num_layers=len(spec.layers))  # KV for this stage's layers only
-        caches = allocate_kv_cache(own_layers, spec.num_blocks, self.setup.config.cache.block_size, spec.dtype,
-                                   self.device)
+        cache = self.setup.config.cache
+        caches = allocate_kv_cache(own_layers, spec.num_blocks, cache.block_size, spec.dtype, self.device,
+                                   resolved_kv_layout(cache.kv_layout, self.device))
         return _StageModel(model, spec.layers, caches, loaded.arch.hidden_size, spec.dtype, spec.num_blocks)
 
     def _capture_graphs(self) -> dict[str, list[StageGraphs]]:

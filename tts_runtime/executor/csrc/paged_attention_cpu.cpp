@@ -10,7 +10,10 @@
 // read once for all of them.
 //
 // Scores are fp32 whatever the cache dtype (fp32 or bf16); masking is per row: causal
-// (key <= position) and, with a sliding window, key > position - window.
+// (key <= position) and, with a sliding window, key > position - window. With a bf16 cache on
+// a CPU with AVX512-BF16, `bf16_dot` takes the dot products two elements at a time
+// (vdpbf16ps, fp32 accumulation): query x key products are then exact as before, and only
+// the softmax weights are rounded to bf16 for the value sum.
 
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
@@ -21,8 +24,16 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <type_traits>
 #include <utility>
 #include <vector>
+
+#if defined(__AVX512BF16__)
+#include <immintrin.h>
+#define TTS_BF16_DOT 1
+#else
+#define TTS_BF16_DOT 0
+#endif
 
 namespace {
 
@@ -113,6 +124,7 @@ struct Params {
   int64_t num_heads, num_kv_heads, head_dim;
   float scale, softcap;  // softcap <= 0: none
   int64_t window;        // <= 0: none
+  bool bf16_dot;         // bf16 cache: dot products on AVX512-BF16 (only where compiled in)
 };
 
 // Partials, indexed by (entry, head): running max and sum, and the value accumulator.
@@ -132,7 +144,12 @@ struct LaneState {
   vfloat qt[kMaxHeadDim];          // qt[d][lane]
   vint lo, hi;                      // each lane's visible keys [lo, hi)
   vfloat m, l;                      // running max and sum
-  vfloat acc[L * kMaxHeadDim / KS];  // [lane][d / KS][KS]
+  vfloat acc[L * kMaxHeadDim / KS];  // [lane][d / KS][KS]; bf16_dot: see lane_values_dot
+#if TTS_BF16_DOT
+  // bf16_dot's queries: qp[p] holds, for each lane r, the pair (q[2p][r], q[2p+1][r]) as the
+  // 32-bit element r, which vdpbf16ps multiplies with a key pair broadcast to every lane.
+  __m512i qp[kMaxHeadDim / 2];
+#endif
 };
 
 // s[j][lane] = masked, scaled score of key j0 + j, for keys [j0, j0 + n8). The next tile's
@@ -199,6 +216,99 @@ void lane_values(LaneState& st, const T* const* vrows, int64_t n8, int64_t D, in
   }
 }
 
+#if TTS_BF16_DOT
+inline uint16_t bf16_bits(c10::BFloat16 x) { return x.x; }
+
+inline __m512i broadcast_pair(const c10::BFloat16* p) {
+  int32_t pair;
+  std::memcpy(&pair, p, sizeof(pair));
+  return _mm512_set1_epi32(pair);
+}
+
+// lane_scores with the query x key dot products on vdpbf16ps: one instruction per two
+// elements of head_dim for all 16 lanes, instead of a convert, a broadcast and a multiply-add
+// per element.
+void lane_scores_dot(const LaneState& st, const c10::BFloat16* const* krows, int64_t j0, int64_t n8, int64_t D,
+                     const Params& prm, vfloat* s, const c10::BFloat16* const* knext,
+                     const c10::BFloat16* const* vnext, int64_t nnext) {
+  for (int64_t jb = 0; jb < n8; jb += KB) {
+    for (int64_t k = jb; k < std::min(jb + KB, nnext); ++k)
+      for (int64_t b = 0; b < D * 2; b += 64) {
+        __builtin_prefetch(reinterpret_cast<const char*>(knext[k]) + b);
+        __builtin_prefetch(reinterpret_cast<const char*>(vnext[k]) + b);
+      }
+    __m512 a[KB];
+    for (int64_t k = 0; k < KB; ++k) a[k] = _mm512_setzero_ps();
+    for (int64_t p = 0; p < D / 2; ++p) {
+      const __m512bh q = reinterpret_cast<__m512bh>(st.qp[p]);
+      for (int64_t k = 0; k < KB; ++k)
+        a[k] = _mm512_dpbf16_ps(a[k], q, reinterpret_cast<__m512bh>(broadcast_pair(krows[jb + k] + 2 * p)));
+    }
+    for (int64_t k = 0; k < KB; ++k) {
+      vfloat x = reinterpret_cast<vfloat>(a[k]) * prm.scale;
+      if (prm.softcap > 0.0f) x = soft_cap(x, prm.softcap);
+      const vint key = vint{} + static_cast<int32_t>(j0 + jb + k);
+      s[jb + k] = (key >= st.lo) & (key < st.hi) ? x : splat(kNegInf);
+    }
+  }
+}
+
+// lane_values on vdpbf16ps, two keys at a time: the weights of keys j and j + 1 are rounded
+// to bf16 and paired per lane, and the two value rows are interleaved (unpack within each
+// 128-bit block). The unpack leaves head_dim permuted inside each 32-wide chunk: acc chunk
+// 2c holds dims 32c + 8b + i and chunk 2c + 1 dims 32c + 8b + 4 + i at element 4b + i (block
+// b, i < 4); unpermute_acc restores the order. n8 is even; D a multiple of 32.
+void lane_values_dot(LaneState& st, const c10::BFloat16* const* vrows, int64_t n8, int64_t D, int64_t lanes,
+                     const vfloat* s, vfloat alpha) {
+  const int64_t chunks = D / KS;
+  alignas(64) int32_t w[KT / 2][L];  // w[pair][lane]: bf16 weights of keys 2 pair and 2 pair + 1
+  for (int64_t j = 0; j < n8; j += 2) {
+    const __m512i lo = _mm512_cvtepu16_epi32(reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(reinterpret_cast<__m512>(s[j]))));
+    const __m512i hi = _mm512_cvtepu16_epi32(reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(reinterpret_cast<__m512>(s[j + 1]))));
+    _mm512_store_si512(w[j / 2], _mm512_or_si512(lo, _mm512_slli_epi32(hi, 16)));
+  }
+  for (int64_t r0 = 0; r0 < lanes; r0 += VR) {
+    for (int64_t c = 0; c < chunks; c += 2) {
+      __m512 a[VR][2];
+      for (int64_t r = 0; r < VR; ++r)
+        for (int64_t h = 0; h < 2; ++h)
+          a[r][h] = reinterpret_cast<__m512>(st.acc[(r0 + r) * chunks + c + h] * alpha[r0 + r]);
+      for (int64_t j = 0; j < n8; j += 2) {
+        const __m512i v0 = _mm512_loadu_si512(vrows[j] + c * KS), v1 = _mm512_loadu_si512(vrows[j + 1] + c * KS);
+        const __m512bh vlo = reinterpret_cast<__m512bh>(_mm512_unpacklo_epi16(v0, v1));
+        const __m512bh vhi = reinterpret_cast<__m512bh>(_mm512_unpackhi_epi16(v0, v1));
+        for (int64_t r = 0; r < VR; ++r) {
+          const __m512bh wr = reinterpret_cast<__m512bh>(_mm512_set1_epi32(w[j / 2][r0 + r]));
+          a[r][0] = _mm512_dpbf16_ps(a[r][0], wr, vlo);
+          a[r][1] = _mm512_dpbf16_ps(a[r][1], wr, vhi);
+        }
+      }
+      for (int64_t r = 0; r < VR; ++r)
+        for (int64_t h = 0; h < 2; ++h) st.acc[(r0 + r) * chunks + c + h] = reinterpret_cast<vfloat>(a[r][h]);
+    }
+  }
+}
+
+// Lane r's accumulator from lane_values_dot's order to head_dim order.
+void unpermute_acc(const vfloat* acc, int64_t D, float* out) {
+  for (int64_t c = 0; c < D / 32; ++c)
+    for (int64_t b = 0; b < 4; ++b)
+      for (int64_t i = 0; i < 4; ++i) {
+        out[32 * c + 8 * b + i] = acc[2 * c][4 * b + i];
+        out[32 * c + 8 * b + 4 + i] = acc[2 * c + 1][4 * b + i];
+      }
+}
+#endif
+
+template <typename T>
+constexpr bool is_bf16 = std::is_same_v<T, c10::BFloat16>;
+
+// Whether this item's dot products run on vdpbf16ps (a bf16 cache, the switch on, compiled in).
+template <typename T>
+inline bool use_dot(const Params& prm) {
+  return TTS_BF16_DOT && is_bf16<T> && prm.bf16_dot;
+}
+
 // Lane group [v0, v0 + lanes) of an item, for every kv head: queries, each lane's visible keys
 // and empty softmax states; returns the keys [first, last) that any lane sees.
 template <typename T>
@@ -215,6 +325,9 @@ std::pair<int64_t, int64_t> start_lanes(std::vector<LaneState>& states, const T*
     st.lo = st.hi = vint{};
     st.m = splat(kNegInf);
     st.l = vfloat{};
+#if TTS_BF16_DOT
+    if (use_dot<T>(prm)) std::fill(st.qp, st.qp + D / 2, _mm512_setzero_si512());
+#endif
   }
   // Lane r is query vector v0 + r: row entry (v0 + r) / G, head (v0 + r) % G of the group.
   for (int64_t r = 0; r < lanes; ++r) {
@@ -234,6 +347,15 @@ std::pair<int64_t, int64_t> start_lanes(std::vector<LaneState>& states, const T*
         st.hi[r] = static_cast<int32_t>(hi);
       }
       const T* src = query + plan.rows[e * 2] * q_token_stride + (h * G + g) * D;
+#if TTS_BF16_DOT
+      if constexpr (is_bf16<T>) {
+        if (prm.bf16_dot) {
+          uint16_t* pairs = reinterpret_cast<uint16_t*>(st.qp);
+          for (int64_t d = 0; d < D; ++d) pairs[(d / 2) * 2 * L + 2 * r + d % 2] = bf16_bits(src[d]);
+          continue;
+        }
+      }
+#endif
       for (int64_t d = 0; d < D; ++d) st.qt[d][r] = to_float(src[d]);
     }
   }
@@ -279,6 +401,16 @@ void attend_item(const T* query, int64_t q_token_stride, const T* k_cache, const
           knext[j] = k_cache + noffsets[j] + h * cache.head_stride;
           vnext[j] = v_cache + noffsets[j] + h * cache.head_stride;
         }
+#if TTS_BF16_DOT
+        if constexpr (is_bf16<T>) {
+          if (prm.bf16_dot) {
+            lane_scores_dot(states[h], krows, j0, n8, D, prm, s, knext, vnext, nnext);
+            const vfloat alpha = lane_softmax(states[h], n8, s);
+            lane_values_dot(states[h], vrows, n8, D, lanes, s, alpha);
+            continue;
+          }
+        }
+#endif
         lane_scores(states[h], krows, j0, n8, D, prm, s, knext, vnext, nnext);
         const vfloat alpha = lane_softmax(states[h], n8, s);
         lane_values(states[h], vrows, n8, D, lanes, s, alpha);
@@ -290,6 +422,12 @@ void attend_item(const T* query, int64_t q_token_stride, const T* k_cache, const
         const int64_t slot = e * prm.num_heads + head;
         part.max[slot] = states[h].m[r];
         part.sum[slot] = states[h].l[r];
+#if TTS_BF16_DOT
+        if (use_dot<T>(prm)) {
+          unpermute_acc(states[h].acc + r * chunks, D, part.acc + slot * D);
+          continue;
+        }
+#endif
         std::memcpy(part.acc + slot * D, states[h].acc + r * chunks, D * sizeof(float));
       }
   }
@@ -321,6 +459,9 @@ void merge_token(int64_t token, const int32_t* parts_ptr, const int32_t* parts, 
   }
 }
 
+// The paired value sum takes head_dim in 32-wide chunks.
+bool dot_shape_ok(const at::Tensor& query) { return query.size(2) % 32 == 0; }
+
 CacheView cache_view(const at::Tensor& cache) {
   TORCH_CHECK(cache.dim() == 4 && cache.stride(3) == 1, "cache must be [blocks, block_size, kv_heads, head_dim] "
               "with a contiguous head_dim");
@@ -336,7 +477,7 @@ CacheView cache_view(const at::Tensor& cache) {
 void paged_attention(const at::Tensor& query, const at::Tensor& k_cache, const at::Tensor& v_cache,
                      const at::Tensor& tables, const at::Tensor& items, const at::Tensor& rows,
                      const at::Tensor& parts_ptr, const at::Tensor& parts, at::Tensor& out, double scale,
-                     double softcap, int64_t window) {
+                     double softcap, int64_t window, bool bf16_dot) {
   TORCH_CHECK(query.dim() == 3 && query.stride(2) == 1 && query.stride(1) == query.size(2),
               "query must be [tokens, heads, head_dim] with contiguous heads");
   TORCH_CHECK(out.sizes() == query.sizes() && out.stride(2) == 1 && out.stride(1) == out.size(2),
@@ -349,7 +490,7 @@ void paged_attention(const at::Tensor& query, const at::Tensor& k_cache, const a
     TORCH_CHECK(t->scalar_type() == at::kInt && t->is_contiguous(), "plan tensors must be contiguous int32");
   const CacheView cache = cache_view(k_cache);
   const Params prm{query.size(1), k_cache.size(2), query.size(2), static_cast<float>(scale),
-                   static_cast<float>(softcap), window};
+                   static_cast<float>(softcap), window, bf16_dot && TTS_BF16_DOT && dot_shape_ok(query)};
   TORCH_CHECK(prm.num_heads % prm.num_kv_heads == 0, "heads must be a multiple of kv heads");
   TORCH_CHECK(k_cache.size(3) == prm.head_dim, "head_dim mismatch");
   TORCH_CHECK(prm.head_dim % KS == 0 && prm.head_dim <= kMaxHeadDim, "head_dim must be a multiple of ", KS,
@@ -387,4 +528,6 @@ void paged_attention(const at::Tensor& query, const at::Tensor& k_cache, const a
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("paged_attention", &paged_attention, "Paged attention over planned items, in place in the block pool");
+  m.def("bf16_dot_available", [] { return static_cast<bool>(TTS_BF16_DOT); },
+        "Whether this build takes bf16 dot products on AVX512-BF16");
 }
