@@ -30,10 +30,10 @@ from tts_runtime.engine.request import SamplingParams
 from tts_runtime.models.loader import LoadedModel, load_model
 
 # The tts variants: (label, what it measures, engine switches, the dtypes it runs at: "first"
-# (the first of --dtypes only), "all", or "bfloat16"). kv_layout is a cache switch.
+# (the first of --dtypes only), "all", or "bfloat16").
 TTS_VARIANTS = (
-    ("tts_torch", "torch attention backend (gathers each context per layer and step), torch linear, token-major "
-     "KV (before)", dict(attention_backend="torch", linear_backend="torch", kv_layout="token-major"), "first"),
+    ("tts_torch", "torch attention backend (gathers each context per layer and step), torch linear (before)",
+     dict(attention_backend="torch", linear_backend="torch"), "first"),
     ("tts_kernel", "CPU kernel in place, cascade off, torch linear",
      dict(attention_backend="cpu", cascade_attention=False, linear_backend="torch"), "first"),
     ("tts_cascade", "CPU kernel in place, cascade on, torch linear",
@@ -42,9 +42,6 @@ TTS_VARIANTS = (
      dict(attention_backend="cpu", cascade_attention=True, linear_backend="onednn"), "all"),
     ("tts_prepacked", "as tts_onednn, on weights prepacked into oneDNN's blocked layout (--linear-backend prepacked)",
      dict(attention_backend="cpu", cascade_attention=True, linear_backend="prepacked"), "all"),
-    ("tts_token_major", "as tts_prepacked, KV blocks token-major (--kv-layout token-major)",
-     dict(attention_backend="cpu", cascade_attention=True, linear_backend="prepacked", kv_layout="token-major"),
-     "all"),
     ("tts_no_bf16_dot", "as tts_prepacked, bf16 dot products off (--no-attention-bf16-dot)",
      dict(attention_backend="cpu", cascade_attention=True, linear_backend="prepacked", attention_bf16_dot=False),
      "bfloat16"),
@@ -149,11 +146,9 @@ def _sides(config: BeamBenchConfig, dtype: torch.dtype, all_tts: bool, suffix: s
     for label, meaning, switches, dtypes in TTS_VARIANTS:
         if not _runs_at(dtypes, dtype, all_tts):
             continue
-        switches = dict(switches)
         # Prefix caching off: every repetition prefills its prompts like the first (the forks
         # of a prompt still share its blocks).
-        cache = CacheConfig(enable_prefix_caching=False, num_blocks=_blocks_needed(config),
-                            kv_layout=switches.pop("kv_layout", "auto"))
+        cache = CacheConfig(enable_prefix_caching=False, num_blocks=_blocks_needed(config))
         engine = Engine(config.generator, EngineConfig(cache=cache, **switches), loaded=loaded)
         _tts(engine, [p[:64] for p in prompts], BeamBenchConfig(new_tokens=2))  # warm-up
         variants[label + suffix] = lambda e=engine, p=prompts: _tts(e, p, config)
@@ -257,18 +252,15 @@ def _beam_batch(shape: LayerShape, prompt: int, suffixes: list[int], groups: int
 
 def bench_attention(repeats: int) -> tuple[list[dict], dict]:
     """One layer's attention at beam search's shapes, the three CPU paths alternating; the
-    kernel reads head-major blocks with bf16 dot products unless a row turns one off."""
+    kernel takes bf16 dot products unless a row turns them off."""
     from tts_runtime.executor.attention import TorchAttention
     from tts_runtime.executor.cpu_attention import CpuPagedAttention, load_kernel
 
     smollm, gemma = LayerShape("SmolLM2-135M layer", 9, 3, 64), LayerShape("Gemma-3-270M global layer", 4, 1, 256)
     smollm_bf16 = LayerShape("SmolLM2-135M layer", 9, 3, 64, torch.bfloat16)
-    decode = "decode: 4 prompts x 4 beams, 1500 shared + 120-150 own tokens"
     workloads = [
-        (decode, smollm, dict(chunk=1)),
-        ("decode, token-major blocks", smollm, dict(chunk=1, layout="token-major")),
+        ("decode: 4 prompts x 4 beams, 1500 shared + 120-150 own tokens", smollm, dict(chunk=1)),
         ("decode, bf16 cache", smollm_bf16, dict(chunk=1)),
-        ("decode, bf16 cache, token-major blocks", smollm_bf16, dict(chunk=1, layout="token-major")),
         ("decode, bf16 cache, bf16 dot products off", smollm_bf16, dict(chunk=1, bf16_dot=False)),
         ("PRM score: 4 beams x 64-token chunks over a shared 1500", gemma, dict(chunk=64, groups=1)),
     ]
@@ -276,8 +268,6 @@ def bench_attention(repeats: int) -> tuple[list[dict], dict]:
     rows, raw = [], {}
     for label, shape, extra in workloads:
         query, k, v, meta = _beam_batch(shape, 1500, [130, 140, 120, 150], extra.get("groups", 4), extra["chunk"])
-        if extra.get("layout", "head-major") == "head-major":
-            k, v = (c.permute(0, 2, 1, 3).contiguous().permute(0, 2, 1, 3) for c in (k, v))
         # Each call reads the next of 30 copies, as the 30 layers of a forward do: K/V come from
         # memory, not from the cache the previous call left them in.
         pools = [(k.clone(), v.clone()) for _ in range(30)]
@@ -312,8 +302,7 @@ def run_attention_bench(repeats: int, command: str) -> str:
              "forward and shares it among the layers).",
              "Random K/V in a shuffled paged pool; the 4 forks of a prompt share its 93 full blocks. Each "
              "call reads the next of 30 copies of the pool (as the 30 layers of a forward do), so K/V come "
-             "from memory; head-major blocks and bf16 dot products (the engine's CPU defaults) unless the row "
-             "says otherwise."]
+             "from memory; bf16 dot products on (the engine's default) unless the row says otherwise."]
     path = write_report("beam_attention", "Beam-shaped attention, one layer: torch backend vs the CPU kernel",
                         command, {"raw_seconds": raw}, rows, notes)
     return str(path)

@@ -54,7 +54,6 @@ def _one_line_error(result, fragment: str) -> None:
     (["beam", "--device-memory", "lots"], "cannot read memory size 'lots'"),
     (["beam", "--limit", "1", "--resume"], "--resume needs --out"),
     (["beam", "--limit", "1", "--linear-backend", "mkl"], "unknown --linear-backend 'mkl'"),
-    (["beam", "--limit", "1", "--kv-layout", "row-major"], "unknown --kv-layout 'row-major'"),
 ])
 def test_bad_input_is_one_line(args, fragment, math500_path):
     _one_line_error(_invoke(args, TTS_DATA_DIR=str(math500_path.parents[1])), fragment)

@@ -8,7 +8,6 @@ tokens."""
 from __future__ import annotations
 
 import json
-from dataclasses import replace
 
 import pytest
 import torch
@@ -30,18 +29,10 @@ def kernel():
         pytest.fail(f"the CPU kernel must build where the tests run: {exc}")
 
 
-def head_major(cache: torch.Tensor) -> torch.Tensor:
-    """The same [blocks, block_size, kv_heads, head_dim] pool with each block's bytes head by head."""
-    return cache.permute(0, 2, 1, 3).contiguous().permute(0, 2, 1, 3)
-
-
-def check(kernel, case: Case, cascade: bool = True, bf16_dot: bool = True,
-          layout: str = "token-major") -> CpuPagedAttention:
+def check(kernel, case: Case, cascade: bool = True, bf16_dot: bool = True) -> CpuPagedAttention:
     query, k_cache, v_cache, meta = build(case)
     scale = case.head_dim ** -0.5
     ref = TorchAttention().attend(query, k_cache, v_cache, meta, scale, case.window, case.softcap)
-    if layout == "head-major":
-        k_cache, v_cache = head_major(k_cache), head_major(v_cache)
     backend = CpuPagedAttention(kernel, cascade=cascade, bf16_dot=bf16_dot)
     out = backend.attend(query, k_cache, v_cache, meta, scale, case.window, case.softcap)
     assert out.dtype == query.dtype and out.shape == query.shape and torch.isfinite(out).all()
@@ -52,9 +43,8 @@ def check(kernel, case: Case, cascade: bool = True, bf16_dot: bool = True,
 
 @pytest.mark.parametrize("name", list(CASES))
 @pytest.mark.parametrize("cascade", [True, False], ids=["cascade", "flat"])
-@pytest.mark.parametrize("layout", ["token-major", "head-major"])
-def test_kernel_matches_torch(kernel, name: str, cascade: bool, layout: str) -> None:
-    check(kernel, CASES[name], cascade, layout=layout)
+def test_kernel_matches_torch(kernel, name: str, cascade: bool) -> None:
+    check(kernel, CASES[name], cascade)
 
 
 @pytest.mark.parametrize("name", [n for n, c in CASES.items() if c.dtype == torch.bfloat16])
@@ -82,16 +72,8 @@ def test_prefix_tree_groups_by_block_ids() -> None:
 # -- the engine on the real demo models ----------------------------------------------------
 
 BACKENDS = {"torch": dict(attention_backend="torch"), "cpu-flat": dict(attention_backend="cpu", cascade_attention=False),
-            "cpu-cascade": dict(attention_backend="cpu", cascade_attention=True),
-            "cpu-token-major": dict(attention_backend="cpu", kv_layout="token-major")}
+            "cpu-cascade": dict(attention_backend="cpu", cascade_attention=True)}
 SMALL_POOL = CacheConfig(num_blocks=160)  # these prompts need < 100 blocks; the default pool is 1 GiB
-
-
-def engine_config(switches: dict, **more) -> EngineConfig:
-    """Every engine here on SMALL_POOL, in the layout the switches name (auto: head-major on CPU)."""
-    switches = dict(switches)
-    cache = replace(SMALL_POOL, kv_layout=switches.pop("kv_layout", "auto"))
-    return EngineConfig(cache=cache, **switches, **more)
 
 
 @pytest.fixture(scope="module")
@@ -121,10 +103,10 @@ def test_greedy_tokens_match_torch_on_beams_sharing_a_prefix(generator_model, pr
     params[0] = SamplingParams(temperature=0, n=3, max_tokens=12, ignore_eos=True)  # forks of one prompt
     outputs = {}
     for name, switches in BACKENDS.items():
-        engine = Engine(generator_model.name, engine_config(switches, scheduler=scheduler), loaded=generator_model)
+        engine = Engine(generator_model.name, EngineConfig(cache=SMALL_POOL, scheduler=scheduler, **switches), loaded=generator_model)
         assert engine.executor.backend.name == switches["attention_backend"]
         outputs[name] = [[c.token_ids for c in o.completions] for o in engine.generate(prompts, params)]
-    for name in ("cpu-flat", "cpu-cascade", "cpu-token-major"):
+    for name in ("cpu-flat", "cpu-cascade"):
         assert outputs[name] == outputs["torch"], name
 
 
@@ -136,10 +118,10 @@ def test_prm_scores_match_torch_with_sliding_window_layers(prm_model, problem):
                           return_logits=True) for p in prompts]
     scores = {}
     for name, switches in BACKENDS.items():
-        engine = Engine(prm_model.name, engine_config(switches), loaded=prm_model)
+        engine = Engine(prm_model.name, EngineConfig(cache=SMALL_POOL, **switches), loaded=prm_model)
         engine.score(prompts[:1], params[:1])  # the rest extend a cached prefix
         scores[name] = torch.tensor([o.scores for o in engine.score(prompts, params)])
-    for name in ("cpu-flat", "cpu-cascade", "cpu-token-major"):
+    for name in ("cpu-flat", "cpu-cascade"):
         torch.testing.assert_close(scores[name], scores["torch"], rtol=1e-4, atol=1e-4)
 
 
@@ -192,7 +174,7 @@ def test_beam_bench_runs_each_switch_at_its_dtypes(math500_path):
     config = BeamBenchConfig(prompts=1, n=2, prompt_tokens=40, new_tokens=3, repeats=1, hf=False,
                              dtypes=(torch.float32, torch.bfloat16))
     side, labels = bench_beam(config)
-    expected = ["tts_torch", "tts_kernel", "tts_cascade", "tts_onednn", "tts_prepacked", "tts_token_major",
-                "tts_onednn_bf16", "tts_prepacked_bf16", "tts_token_major_bf16", "tts_no_bf16_dot_bf16"]
+    expected = ["tts_torch", "tts_kernel", "tts_cascade", "tts_onednn", "tts_prepacked",
+                "tts_onednn_bf16", "tts_prepacked_bf16", "tts_no_bf16_dot_bf16"]
     assert [k for k in side.runs if not k.startswith("vllm")] == expected
     assert all(side.median(k, "tokens") == 6 for k in expected)

@@ -324,24 +324,3 @@ def test_policy_guarantees_progress_and_breaks_a_deadlock_by_preemption():
     assert yielded == ["a"] and runnable == {"b"} and pool.num_blocks_of("b") == 9
     assert "neither model could step; a preempted" in pool.moves[-1].reason
     b.free(held_b)
-
-
-@pytest.mark.parametrize("layout", ["token-major", "head-major"])
-def test_shared_kv_views_give_every_layer_its_own_bytes_in_either_layout(generator_model, layout):
-    from tts_runtime.executor.kv_cache import bytes_per_block, shared_kv_views
-
-    arch, bs, num_blocks = generator_model.arch, 16, 5
-    stride = bytes_per_block(arch, bs, torch.float32) + 64  # padded, as a chunk layout may pad
-    buffer = torch.zeros(num_blocks * stride, dtype=torch.uint8)
-    views = shared_kv_views(buffer, arch, num_blocks, bs, stride, torch.float32, layout)
-    for layer, (k, v) in enumerate(views):
-        assert k.shape == (num_blocks, bs, arch.num_kv_heads, arch.head_dim)
-        k.fill_(2 * layer + 1)
-        v.fill_(2 * layer + 2)
-    values = buffer.view(num_blocks, stride)[:, :bytes_per_block(arch, bs, torch.float32)].reshape(-1).view(torch.float32)
-    per_view = num_blocks * bs * arch.num_kv_heads * arch.head_dim
-    assert torch.bincount(values.long()).tolist() == [0] + [per_view] * (2 * arch.num_layers)
-    k = views[0][0]
-    token_run = (k.stride(1), k.stride(2)) == ((arch.head_dim, bs * arch.head_dim) if layout == "head-major"
-                                                  else (arch.num_kv_heads * arch.head_dim, arch.head_dim))
-    assert token_run, "head-major keeps one head's keys of a block in one run; token-major a token's heads"

@@ -177,8 +177,6 @@ def _make_search_command(method: str, summary: str) -> None:
                                                              "in the cpu backend, off in triton).")] = None,
         attention_bf16_dot: Annotated[bool, typer.Option(help="cpu backend, bf16 models: dot products on "
                                                               "AVX512-BF16 where the CPU has it.")] = True,
-        kv_layout: Annotated[str, typer.Option(help="Byte order inside a KV block: auto (head-major on CPU, "
-                                                    "token-major on CUDA), head-major or token-major.")] = "auto",
         linear_backend: Annotated[str, typer.Option(help="CPU projections and output layer: auto "
                                                          "(onednn where torch has it), onednn, prepacked (oneDNN "
                                                          "on weights reordered once: faster decode, a packed "
@@ -240,7 +238,7 @@ def _make_search_command(method: str, summary: str) -> None:
                             cohost=CohostConfig(phase_policy, prm_buffer_tokens, generator_low_water,
                                                 generator_buffer_seqs, overlap),
                             cache=CacheConfig(host_kv_bytes=parse_size(host_kv_memory),
-                                              host_kv_prefetch=host_kv_prefetch, kv_layout=kv_layout))
+                                              host_kv_prefetch=host_kv_prefetch))
 
     search_command.__doc__ = summary
     command(app, method)(search_command)

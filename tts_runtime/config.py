@@ -20,9 +20,6 @@ class ModelSpec:
     dtype: str = "auto"  # "auto", "float32", "bfloat16", "float16"
 
 
-KV_LAYOUTS = ("auto", "head-major", "token-major")
-
-
 @dataclass(frozen=True)
 class CacheConfig:
     block_size: int = 16
@@ -36,13 +33,8 @@ class CacheConfig:
     # Swap in the tier's blocks of the waiting requests the next step will admit, one step
     # ahead (behind the forward on CUDA; synchronously between steps on CPU).
     host_kv_prefetch: bool = True
-    # Byte order inside a KV block (executor/kv_cache.py): "head-major", "token-major", or
-    # "auto" (head-major on the CPU, token-major on CUDA).
-    kv_layout: str = "auto"
 
     def __post_init__(self) -> None:
-        if self.kv_layout not in KV_LAYOUTS:
-            raise ConfigError(f"unknown --kv-layout '{self.kv_layout}'; choose one of {', '.join(KV_LAYOUTS)}")
         if self.host_kv_bytes < 0:
             raise ConfigError(f"--host-kv-memory must be >= 0 (0 turns the host KV tier off), got {self.host_kv_bytes}")
 

@@ -33,8 +33,7 @@ from tts_runtime.config import (CohostConfig, ConfigError, EngineConfig, ModelSp
 from tts_runtime.executor.build import build_local_executor
 from tts_runtime.executor.device_memory import device_memory_info
 from tts_runtime.engine.engine import Engine
-from tts_runtime.executor.kv_cache import (KVAllocation, bytes_per_block, element_size, resolved_kv_layout,
-                                           shared_kv_views)
+from tts_runtime.executor.kv_cache import KVAllocation, bytes_per_block, element_size, shared_kv_views
 from tts_runtime.executor.layer_ops import packed_weight_bytes, resolved_linear_backend
 from tts_runtime.executor.pipeline import PipelineGroup, StageModel
 from tts_runtime.executor.profiling import EngineRole, profile_tokens, profiling_forward
@@ -205,7 +204,6 @@ class Runtime:
         config = self.engine_config
         return {"name": self.backend, "attention_backend": config.attention_backend,
                 "cascade_attention": config.cascade_attention, "attention_bf16_dot": config.attention_bf16_dot,
-                "kv_layout": resolved_kv_layout(config.cache.kv_layout, resolve_device(config.device)),
                 "linear_backend": resolved_linear_backend(resolve_device(config.device), config)}
 
     def _start_vllm(self, specs: tuple[ModelSpec, ModelSpec], loaded: tuple[LoadedModel, LoadedModel],
@@ -246,10 +244,8 @@ class Runtime:
 
     def _shared_kv(self, member: str, loaded: LoadedModel, dtype: torch.dtype) -> KVAllocation:
         layout = self.plan.chunks
-        cache = self.engine_config.cache
-        caches = shared_kv_views(self.pool.buffer, loaded.arch, layout.num_blocks(member), cache.block_size,
-                                 layout.members[member].block_stride, dtype,
-                                 resolved_kv_layout(cache.kv_layout, self.pool.buffer.device))
+        caches = shared_kv_views(self.pool.buffer, loaded.arch, layout.num_blocks(member),
+                                 self.engine_config.cache.block_size, layout.members[member].block_stride, dtype)
         return KVAllocation(caches, layout.num_blocks(member), self.pool.usable_blocks(member))
 
     @property

@@ -10,7 +10,7 @@ from tts_runtime.config import ConfigError, EngineConfig
 from tts_runtime.executor.attention import AttentionBackend, select_backend
 from tts_runtime.executor.batch import ModelInput, ModelOutput, SamplePlan
 from tts_runtime.executor.cuda_graphs import CudaGraphRunner
-from tts_runtime.executor.kv_cache import KVAllocation, KVCaches, allocate_kv_cache, resolved_kv_layout
+from tts_runtime.executor.kv_cache import KVAllocation, KVCaches, allocate_kv_cache
 from tts_runtime.executor.local import LocalExecutor
 from tts_runtime.executor.pipeline import PipelineGroup, StageModel
 from tts_runtime.executor.layer_ops import layer_ops
@@ -47,8 +47,7 @@ def build_local_executor(loaded: LoadedModel, config: EngineConfig, num_blocks: 
     weight = loaded.model.output_weight
     device, dtype = weight.device, weight.dtype
     caches = kv.caches if kv is not None else allocate_kv_cache(
-        loaded.arch, num_blocks, config.cache.block_size, dtype, device,
-        resolved_kv_layout(config.cache.kv_layout, device))
+        loaded.arch, num_blocks, config.cache.block_size, dtype, device)
     backend = select_backend(config.attention_backend, device, config.group_decodes_by_length,
                              config.cascade_attention, config.attention_bf16_dot)
     ops = layer_ops(device, config, [loaded.model])

@@ -1,15 +1,9 @@
 """The paged KV tensors: per layer a key and a value pool of fixed-size blocks.
 
-Two allocations. An engine on its own gets per-layer tensors (`allocate_kv_cache`). Engines
-sharing an elastic budget get views into one byte buffer (`shared_kv_views`) in a block-major
-layout: block j holds the K and V of every layer in one run of bytes, so the bytes of a whole
-chunk of blocks can change hands between models with different shapes.
-
-Either way every layer's pool is seen as [num_blocks, block_size, kv_heads, head_dim], and
-inside a block the bytes are in one of two orders (`--kv-layout`): token-major ([block_size,
-kv_heads, head_dim]: a token's heads together) or head-major ([kv_heads, block_size,
-head_dim]: one head's keys of the block in one run). The CPU kernel reads a block one head at
-a time, so head-major gives it sequential reads; the GPU kernels index by stride either way.
+Two layouts. An engine on its own gets contiguous per-layer tensors (`allocate_kv_cache`).
+Engines sharing an elastic budget get views into one byte buffer (`shared_kv_views`) in a
+block-major layout: block j holds the K and V of every layer in one run of bytes, so the
+bytes of a whole chunk of blocks can change hands between models with different shapes.
 """
 
 from __future__ import annotations
@@ -31,30 +25,16 @@ def bytes_per_block(arch: ArchConfig, block_size: int, dtype: torch.dtype) -> in
     return block_size * arch.kv_bytes_per_token(element_size(dtype))
 
 
-def resolved_kv_layout(layout: str, device: torch.device) -> str:
-    """auto: head-major on the CPU (its kernel's decode attention on SmolLM2's beam shape took
-    0.7x the time of token-major), token-major on CUDA (what the GPU kernels were tuned on)."""
-    if layout == "auto":
-        return "head-major" if device.type == "cpu" else "token-major"
-    return layout
-
-
 def allocate_kv_cache(arch: ArchConfig, num_blocks: int, block_size: int, dtype: torch.dtype,
-                      device: torch.device, layout: str = "token-major") -> KVCaches:
-    heads, dim = arch.num_kv_heads, arch.head_dim
-    head_major = layout == "head-major"
-    shape = (num_blocks, heads, block_size, dim) if head_major else (num_blocks, block_size, heads, dim)
-
-    def pool() -> torch.Tensor:
-        # Zero-filled so a padded gather never reads NaN garbage into a masked softmax.
-        t = torch.zeros(shape, dtype=dtype, device=device)
-        return t.permute(0, 2, 1, 3) if head_major else t
-
-    return [(pool(), pool()) for _ in range(arch.num_layers)]
+                      device: torch.device) -> KVCaches:
+    shape = (num_blocks, block_size, arch.num_kv_heads, arch.head_dim)
+    # Zero-filled so a padded gather never reads NaN garbage into a masked softmax.
+    return [(torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device))
+            for _ in range(arch.num_layers)]
 
 
 def shared_kv_views(buffer: torch.Tensor, arch: ArchConfig, num_blocks: int, block_size: int,
-                    block_stride_bytes: int, dtype: torch.dtype, layout: str = "token-major") -> KVCaches:
+                    block_stride_bytes: int, dtype: torch.dtype) -> KVCaches:
     """Per-layer [num_blocks, block_size, kv_heads, head_dim] views of a flat uint8 buffer.
 
     Block j starts at byte j * block_stride_bytes and holds, layer by layer, that layer's
@@ -67,8 +47,7 @@ def shared_kv_views(buffer: torch.Tensor, arch: ArchConfig, num_blocks: int, blo
     stride = block_stride_bytes // size
     heads, dim = arch.num_kv_heads, arch.head_dim
     per_layer = block_size * heads * dim  # elements of one layer's K (or V) in a block
-    token_stride, head_stride = (dim, block_size * dim) if layout == "head-major" else (heads * dim, dim)
-    shape, strides = (num_blocks, block_size, heads, dim), (stride, token_stride, head_stride, 1)
+    shape, strides = (num_blocks, block_size, heads, dim), (stride, heads * dim, dim, 1)
     return [(typed.as_strided(shape, strides, typed.storage_offset() + 2 * layer * per_layer),
              typed.as_strided(shape, strides, typed.storage_offset() + (2 * layer + 1) * per_layer))
             for layer in range(arch.num_layers)]

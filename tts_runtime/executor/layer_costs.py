@@ -20,7 +20,7 @@ import torch
 from tts_runtime.config import EngineConfig
 from tts_runtime.executor.attention import select_backend
 from tts_runtime.executor.batch import AttentionMetadata, ModelInput
-from tts_runtime.executor.kv_cache import allocate_kv_cache, resolved_kv_layout
+from tts_runtime.executor.kv_cache import allocate_kv_cache
 from tts_runtime.executor.layer_ops import layer_ops
 from tts_runtime.executor.local import compute_output_logits
 from tts_runtime.models.loader import LoadedModel
@@ -78,7 +78,7 @@ def measure_stage_costs(loaded: LoadedModel, config: EngineConfig, samples_full_
     device = model.output_weight.device
     batch = _probe_batch(loaded, config, samples_full_vocabulary)
     kv = allocate_kv_cache(loaded.arch, int(batch.meta.decode_block_tables.shape[1]), config.cache.block_size,
-                           model.output_weight.dtype, device, resolved_kv_layout(config.cache.kv_layout, device))
+                           model.output_weight.dtype, device)
     backend = select_backend(config.attention_backend, device, config.group_decodes_by_length,
                              config.cascade_attention, config.attention_bf16_dot)
     ops = layer_ops(device, config, [model])

@@ -40,7 +40,7 @@ from tts_runtime.executor.activation_link import ActivationLink, DistributedLink
 from tts_runtime.executor.attention import select_backend
 from tts_runtime.executor.batch import AttentionMetadata, ModelInput, ModelOutput
 from tts_runtime.executor.layer_ops import layer_ops
-from tts_runtime.executor.kv_cache import allocate_kv_cache, resolved_kv_layout
+from tts_runtime.executor.kv_cache import allocate_kv_cache
 from tts_runtime.executor.local import compute_output_logits
 from tts_runtime.executor.sampler import sample
 from tts_runtime.executor.stage_graphs import StageGraphs
@@ -154,9 +154,8 @@ class StageWorker:
         loaded = load_model(spec.model, spec.dtype, self.device, part)
         model = loaded.model
         own_layers = replace(loaded.arch, num_layers=len(spec.layers))  # KV for this stage's layers only
-        cache = self.setup.config.cache
-        caches = allocate_kv_cache(own_layers, spec.num_blocks, cache.block_size, spec.dtype, self.device,
-                                   resolved_kv_layout(cache.kv_layout, self.device))
+        caches = allocate_kv_cache(own_layers, spec.num_blocks, self.setup.config.cache.block_size, spec.dtype,
+                                   self.device)
         return _StageModel(model, spec.layers, caches, loaded.arch.hidden_size, spec.dtype, spec.num_blocks)
 
     def _capture_graphs(self) -> dict[str, list[StageGraphs]]:
