@@ -644,7 +644,8 @@ def bench_engine_command(
     repeats: Annotated[int, typer.Option(help="Alternating repetitions; medians reported.")] = 3,
     dtypes: Annotated[str, typer.Option(help="Every side at each of these dtypes, e.g. float32,bfloat16 "
                                              "(beam workload: the first runs every tts variant, the others "
-                                             "the oneDNN ones, HF and vLLM).")] = "float32",
+                                             "the oneDNN ones and, at bfloat16, the bf16-dot switch off; HF and "
+                                             "vLLM run at each).")] = "float32",
     workload: Annotated[str, typer.Option(help="all: generate, score and beam; generate-score: the first two; "
                                                "beam: only the beam-shaped "
                                                "decode; attention: one layer's attention at beam "
