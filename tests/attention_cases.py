@@ -104,4 +104,7 @@ CASES = {
     "bf16": Case(BEAMS + [Seq(350, 40, decode=False, share=(0, 18))], dtype=torch.bfloat16),
     "bf16-gemma-shape": Case(forks(4, 300, [20, 9, 33, 5]), dtype=torch.bfloat16, num_heads=4,
                              num_kv_heads=1, head_dim=256, window=128, softcap=20.0),
+    # head_dim not a multiple of 32: the bf16 dot products' paired value sum does not apply.
+    "bf16-head-dim-80": Case(forks(3, 200, [12, 40, 3]), dtype=torch.bfloat16, num_heads=4, num_kv_heads=2,
+                             head_dim=80),
 }
