@@ -144,9 +144,17 @@ struct Partials {
   float* acc;  // [entries, heads, head_dim]
 };
 
-template <typename T>
-inline const T* key_row(const T* head, const int32_t* table, const CacheView& c, int64_t key) {
-  return head + static_cast<int64_t>(table[key / c.block_size]) * c.block_stride + (key % c.block_size) * c.token_stride;
+// out[j] = where key `from + j` sits in the pool (elements from the pool's start), j < count:
+// one division per call, then a walk along the block table.
+inline void row_offsets(const int32_t* table, const CacheView& c, int64_t from, int64_t count, int64_t* out) {
+  int64_t block = from / c.block_size, slot = from % c.block_size;
+  for (int64_t j = 0; j < count; ++j) {
+    out[j] = static_cast<int64_t>(table[block]) * c.block_stride + slot * c.token_stride;
+    if (++slot == c.block_size) {
+      slot = 0;
+      ++block;
+    }
+  }
 }
 
 // One lane group's queries and running softmax state over the keys it has seen.
@@ -154,7 +162,7 @@ struct LaneState {
   vfloat qt[kMaxHeadDim];          // qt[d][lane]
   vint lo, hi;                      // each lane's visible keys [lo, hi)
   vfloat m, l;                      // running max and sum
-  vfloat acc[L * kMaxHeadDim / KS];  // [lane][d / KS][KS]; bf16_dot: see lane_values_dot
+  vfloat acc[L * kMaxHeadDim / KS];  // [lane][d / KS][KS], or [d][lane] with bf16_dot
 #if TTS_BF16_DOT
   // bf16_dot's queries: qp[p] holds, for each lane r, the pair (q[2p][r], q[2p+1][r]) as the
   // 32-bit element r, which vdpbf16ps multiplies with a key pair broadcast to every lane.
@@ -170,7 +178,8 @@ struct LaneState {
 // L1: SmolLM2's decode layer with the pool out of cache took 0.6x the time of L1 prefetches.
 template <typename T>
 void lane_scores(const LaneState& st, const T* const* krows, int64_t j0, int64_t n8, int64_t D,
-                 const Params& prm, vfloat* s, const T* const* knext, const T* const* vnext, int64_t nnext) {
+                 const Params& prm, bool mask, vfloat* s, const T* const* knext, const T* const* vnext,
+                 int64_t nnext) {
   for (int64_t jb = 0; jb < n8; jb += KB) {
     prefetch_rows(knext, vnext, jb, std::min(jb + KB, nnext), D);
     vfloat a[KB] = {};
@@ -181,8 +190,11 @@ void lane_scores(const LaneState& st, const T* const* krows, int64_t j0, int64_t
     for (int64_t k = 0; k < KB; ++k) {
       vfloat x = a[k] * prm.scale;
       if (prm.softcap > 0.0f) x = soft_cap(x, prm.softcap);
-      const vint key = vint{} + static_cast<int32_t>(j0 + jb + k);
-      s[jb + k] = (key >= st.lo) & (key < st.hi) ? x : splat(kNegInf);
+      if (mask) {
+        const vint key = vint{} + static_cast<int32_t>(j0 + jb + k);
+        x = (key >= st.lo) & (key < st.hi) ? x : splat(kNegInf);
+      }
+      s[jb + k] = x;
     }
   }
 }
@@ -225,6 +237,9 @@ void lane_values(LaneState& st, const T* const* vrows, int64_t n8, int64_t D, in
 }
 
 #if TTS_BF16_DOT
+// Value accumulators held in registers per pass over a tile's weights.
+constexpr int64_t DB = 8;
+
 inline uint16_t bf16_bits(c10::BFloat16 x) { return x.x; }
 
 inline __m512i broadcast_pair(const c10::BFloat16* p) {
@@ -237,7 +252,7 @@ inline __m512i broadcast_pair(const c10::BFloat16* p) {
 // elements of head_dim for all 16 lanes, instead of a convert, a broadcast and a multiply-add
 // per element.
 void lane_scores_dot(const LaneState& st, const c10::BFloat16* const* krows, int64_t j0, int64_t n8, int64_t D,
-                     const Params& prm, vfloat* s, const c10::BFloat16* const* knext,
+                     const Params& prm, bool mask, vfloat* s, const c10::BFloat16* const* knext,
                      const c10::BFloat16* const* vnext, int64_t nnext) {
   for (int64_t jb = 0; jb < n8; jb += KB) {
     prefetch_rows(knext, vnext, jb, std::min(jb + KB, nnext), D);
@@ -251,56 +266,45 @@ void lane_scores_dot(const LaneState& st, const c10::BFloat16* const* krows, int
     for (int64_t k = 0; k < KB; ++k) {
       vfloat x = reinterpret_cast<vfloat>(a[k]) * prm.scale;
       if (prm.softcap > 0.0f) x = soft_cap(x, prm.softcap);
-      const vint key = vint{} + static_cast<int32_t>(j0 + jb + k);
-      s[jb + k] = (key >= st.lo) & (key < st.hi) ? x : splat(kNegInf);
+      if (mask) {
+        const vint key = vint{} + static_cast<int32_t>(j0 + jb + k);
+        x = (key >= st.lo) & (key < st.hi) ? x : splat(kNegInf);
+      }
+      s[jb + k] = x;
     }
   }
 }
 
 // lane_values on vdpbf16ps, two keys at a time: the weights of keys j and j + 1 are rounded
-// to bf16 and paired per lane, and the two value rows are interleaved (unpack within each
-// 128-bit block). The unpack leaves head_dim permuted inside each 32-wide chunk: acc chunk
-// 2c holds dims 32c + 8b + i and chunk 2c + 1 dims 32c + 8b + 4 + i at element 4b + i (block
-// b, i < 4); unpermute_acc restores the order. n8 is even; D a multiple of 32.
-void lane_values_dot(LaneState& st, const c10::BFloat16* const* vrows, int64_t n8, int64_t D, int64_t lanes,
-                     const vfloat* s, vfloat alpha) {
-  const int64_t chunks = D / KS;
-  alignas(64) int32_t w[KT / 2][L];  // w[pair][lane]: bf16 weights of keys 2 pair and 2 pair + 1
+// to bf16 and paired per lane, and their value rows are interleaved once per tile into pairs
+// (v_j[d], v_j+1[d]) that are broadcast to every lane. n8 is even; D a multiple of 32.
+void lane_values_dot(LaneState& st, const c10::BFloat16* const* vrows, int64_t n8, int64_t D, const vfloat* s,
+                     vfloat alpha) {
+  alignas(64) int32_t vpairs[KT / 2][kMaxHeadDim];
+  __m512i w[KT / 2];  // w[pair]: per lane, the bf16 weights of keys 2 pair and 2 pair + 1
+  const __m512i first_half = _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9, 40, 8,
+                                              39, 7, 38, 6, 37, 5, 36, 4, 35, 3, 34, 2, 33, 1, 32, 0);
+  const __m512i second_half = _mm512_add_epi16(first_half, _mm512_set1_epi16(16));
   for (int64_t j = 0; j < n8; j += 2) {
     const __m512i lo = _mm512_cvtepu16_epi32(reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(reinterpret_cast<__m512>(s[j]))));
     const __m512i hi = _mm512_cvtepu16_epi32(reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(reinterpret_cast<__m512>(s[j + 1]))));
-    _mm512_store_si512(w[j / 2], _mm512_or_si512(lo, _mm512_slli_epi32(hi, 16)));
-  }
-  for (int64_t r0 = 0; r0 < lanes; r0 += VR) {
-    for (int64_t c = 0; c < chunks; c += 2) {
-      __m512 a[VR][2];
-      for (int64_t r = 0; r < VR; ++r)
-        for (int64_t h = 0; h < 2; ++h)
-          a[r][h] = reinterpret_cast<__m512>(st.acc[(r0 + r) * chunks + c + h] * alpha[r0 + r]);
-      for (int64_t j = 0; j < n8; j += 2) {
-        const __m512i v0 = _mm512_loadu_si512(vrows[j] + c * KS), v1 = _mm512_loadu_si512(vrows[j + 1] + c * KS);
-        const __m512bh vlo = reinterpret_cast<__m512bh>(_mm512_unpacklo_epi16(v0, v1));
-        const __m512bh vhi = reinterpret_cast<__m512bh>(_mm512_unpackhi_epi16(v0, v1));
-        for (int64_t r = 0; r < VR; ++r) {
-          const __m512bh wr = reinterpret_cast<__m512bh>(_mm512_set1_epi32(w[j / 2][r0 + r]));
-          a[r][0] = _mm512_dpbf16_ps(a[r][0], wr, vlo);
-          a[r][1] = _mm512_dpbf16_ps(a[r][1], wr, vhi);
-        }
-      }
-      for (int64_t r = 0; r < VR; ++r)
-        for (int64_t h = 0; h < 2; ++h) st.acc[(r0 + r) * chunks + c + h] = reinterpret_cast<vfloat>(a[r][h]);
+    w[j / 2] = _mm512_or_si512(lo, _mm512_slli_epi32(hi, 16));
+    for (int64_t c = 0; c < D; c += 32) {
+      const __m512i v0 = _mm512_loadu_si512(vrows[j] + c), v1 = _mm512_loadu_si512(vrows[j + 1] + c);
+      _mm512_store_si512(vpairs[j / 2] + c, _mm512_permutex2var_epi16(v0, first_half, v1));
+      _mm512_store_si512(vpairs[j / 2] + c + 16, _mm512_permutex2var_epi16(v0, second_half, v1));
     }
   }
-}
-
-// Lane r's accumulator from lane_values_dot's order to head_dim order.
-void unpermute_acc(const vfloat* acc, int64_t D, float* out) {
-  for (int64_t c = 0; c < D / 32; ++c)
-    for (int64_t b = 0; b < 4; ++b)
-      for (int64_t i = 0; i < 4; ++i) {
-        out[32 * c + 8 * b + i] = acc[2 * c][4 * b + i];
-        out[32 * c + 8 * b + 4 + i] = acc[2 * c + 1][4 * b + i];
-      }
+  for (int64_t d0 = 0; d0 < D; d0 += DB) {
+    __m512 a[DB];
+    for (int64_t i = 0; i < DB; ++i) a[i] = reinterpret_cast<__m512>(st.acc[d0 + i] * alpha);
+    for (int64_t p = 0; p < n8 / 2; ++p) {
+      const __m512bh wp = reinterpret_cast<__m512bh>(w[p]);
+      for (int64_t i = 0; i < DB; ++i)
+        a[i] = _mm512_dpbf16_ps(a[i], wp, reinterpret_cast<__m512bh>(_mm512_set1_epi32(vpairs[p][d0 + i])));
+    }
+    for (int64_t i = 0; i < DB; ++i) st.acc[d0 + i] = reinterpret_cast<vfloat>(a[i]);
+  }
 }
 #endif
 
@@ -313,15 +317,20 @@ inline bool use_dot(const Params& prm) {
   return TTS_BF16_DOT && is_bf16<T> && prm.bf16_dot;
 }
 
+// The keys a lane group sees: [first, last) by any lane, [all_lo, all_hi) by every lane (a
+// tile inside it needs no mask).
+struct LaneRange {
+  int64_t first, last, all_lo, all_hi;
+};
+
 // Lane group [v0, v0 + lanes) of an item, for every kv head: queries, each lane's visible keys
-// and empty softmax states; returns the keys [first, last) that any lane sees.
+// and empty softmax states.
 template <typename T>
-std::pair<int64_t, int64_t> start_lanes(std::vector<LaneState>& states, const T* query, int64_t q_token_stride,
-                                        const Plan& plan, const Params& prm, const int32_t* it, int64_t v0,
-                                        int64_t lanes) {
+LaneRange start_lanes(std::vector<LaneState>& states, const T* query, int64_t q_token_stride, const Plan& plan,
+                      const Params& prm, const int32_t* it, int64_t v0, int64_t lanes) {
   const int64_t key_lo = it[1], key_hi = it[2], row_begin = it[3];
   const int64_t D = prm.head_dim, G = prm.num_heads / prm.num_kv_heads;
-  int64_t first = key_hi, last = key_lo;
+  int64_t first = key_hi, last = key_lo, all_lo = key_lo, all_hi = key_hi;
   for (int64_t h = 0; h < prm.num_kv_heads; ++h) {
     LaneState& st = states[h];
     std::fill(st.qt, st.qt + D, vfloat{});
@@ -340,6 +349,8 @@ std::pair<int64_t, int64_t> start_lanes(std::vector<LaneState>& states, const T*
     int64_t lo = key_lo, hi = std::min<int64_t>(key_hi, pos + 1);
     if (prm.window > 0) lo = std::max<int64_t>(lo, pos - prm.window + 1);
     const bool visible = lo < hi;
+    all_lo = std::max(all_lo, lo);
+    all_hi = std::min(all_hi, hi);
     if (visible) {
       first = std::min(first, lo);
       last = std::max(last, hi);
@@ -363,7 +374,7 @@ std::pair<int64_t, int64_t> start_lanes(std::vector<LaneState>& states, const T*
       for (int64_t d = 0; d < D; ++d) st.qt[d][r] = to_float(src[d]);
     }
   }
-  return {first, last};
+  return {first, last, all_lo, all_hi};
 }
 
 // One item for every kv head: a tile of keys is visited by all heads in turn while its rows
@@ -387,15 +398,18 @@ void attend_item(const T* query, int64_t q_token_stride, const T* k_cache, const
   const T* vnext[KT];
   for (int64_t v0 = 0; v0 < R; v0 += L) {
     const int64_t lanes = std::min(L, R - v0);
-    const auto [first, last] = start_lanes(states, query, q_token_stride, plan, prm, it, v0, lanes);
+    const LaneRange range = start_lanes(states, query, q_token_stride, plan, prm, it, v0, lanes);
+    const int64_t first = range.first, last = range.last;
+    if (first < last) row_offsets(table, cache, first, std::min(KT, last - first), noffsets);
     for (int64_t j0 = first; j0 < last; j0 += KT) {
       const int64_t n = std::min(KT, last - j0), n8 = (n + KB - 1) / KB * KB;
-      for (int64_t j = 0; j < n8; ++j)  // past the last key: any valid row, masked out by position
-        offsets[j] = key_row(k_cache, table, cache, j < n ? j0 + j : j0) - k_cache;
+      std::copy(noffsets, noffsets + n, offsets);
+      std::fill(offsets + n, offsets + n8, offsets[0]);  // past the last key: any valid row, masked out
+      const bool mask = j0 < range.all_lo || j0 + n8 > range.all_hi;
       // Within this item only: items are few and long (a shared prompt) or short (a beam's
       // suffix), and which item a thread takes next is decided when it gets there.
       const int64_t nnext = std::max<int64_t>(0, std::min(j0 + 2 * KT, last) - (j0 + KT));
-      for (int64_t j = 0; j < nnext; ++j) noffsets[j] = key_row(k_cache, table, cache, j0 + KT + j) - k_cache;
+      row_offsets(table, cache, j0 + KT, nnext, noffsets);
       for (int64_t h = 0; h < prm.num_kv_heads; ++h) {
         for (int64_t j = 0; j < n8; ++j) {
           krows[j] = k_cache + offsets[j] + h * cache.head_stride;
@@ -408,14 +422,14 @@ void attend_item(const T* query, int64_t q_token_stride, const T* k_cache, const
 #if TTS_BF16_DOT
         if constexpr (is_bf16<T>) {
           if (prm.bf16_dot) {
-            lane_scores_dot(states[h], krows, j0, n8, D, prm, s, knext, vnext, nnext);
+            lane_scores_dot(states[h], krows, j0, n8, D, prm, mask, s, knext, vnext, nnext);
             const vfloat alpha = lane_softmax(states[h], n8, s);
-            lane_values_dot(states[h], vrows, n8, D, lanes, s, alpha);
+            lane_values_dot(states[h], vrows, n8, D, s, alpha);
             continue;
           }
         }
 #endif
-        lane_scores(states[h], krows, j0, n8, D, prm, s, knext, vnext, nnext);
+        lane_scores(states[h], krows, j0, n8, D, prm, mask, s, knext, vnext, nnext);
         const vfloat alpha = lane_softmax(states[h], n8, s);
         lane_values(states[h], vrows, n8, D, lanes, s, alpha);
       }
@@ -426,12 +440,10 @@ void attend_item(const T* query, int64_t q_token_stride, const T* k_cache, const
         const int64_t slot = e * prm.num_heads + head;
         part.max[slot] = states[h].m[r];
         part.sum[slot] = states[h].l[r];
-#if TTS_BF16_DOT
         if (use_dot<T>(prm)) {
-          unpermute_acc(states[h].acc + r * chunks, D, part.acc + slot * D);
+          for (int64_t d = 0; d < D; ++d) part.acc[slot * D + d] = states[h].acc[d][r];
           continue;
         }
-#endif
         std::memcpy(part.acc + slot * D, states[h].acc + r * chunks, D * sizeof(float));
       }
   }
