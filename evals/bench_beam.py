@@ -263,11 +263,14 @@ def bench_attention(repeats: int) -> tuple[list[dict], dict]:
         ("decode, bf16 cache", smollm_bf16, dict(chunk=1)),
         ("decode, bf16 cache, bf16 dot products off", smollm_bf16, dict(chunk=1, bf16_dot=False)),
         ("PRM score: 4 beams x 64-token chunks over a shared 1500", gemma, dict(chunk=64, groups=1)),
+        ("prefill: one 1500-token prompt, nothing cached", smollm_bf16,
+         dict(chunk=1500, groups=1, prompt=0, suffixes=[1500])),
     ]
     kernel = load_kernel()
     rows, raw = [], {}
     for label, shape, extra in workloads:
-        query, k, v, meta = _beam_batch(shape, 1500, [130, 140, 120, 150], extra.get("groups", 4), extra["chunk"])
+        query, k, v, meta = _beam_batch(shape, extra.get("prompt", 1500), extra.get("suffixes", [130, 140, 120, 150]),
+                                        extra.get("groups", 4), extra["chunk"])
         # Each call reads the next of 30 copies, as the 30 layers of a forward do: K/V come from
         # memory, not from the cache the previous call left them in.
         pools = [(k.clone(), v.clone()) for _ in range(30)]

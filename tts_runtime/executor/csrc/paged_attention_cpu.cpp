@@ -56,6 +56,9 @@ constexpr int64_t KT = 16;
 constexpr int64_t VR = 4;   // query vectors per register block of the value accumulation
 constexpr int64_t KS = L;   // head_dim chunk of the value accumulation (one vector)
 constexpr int64_t kMaxHeadDim = 256;
+// Lane groups of up to this many lanes keep lane-major value accumulators (see
+// lane_values_dot_by_dim).
+constexpr int64_t kMaxLanesByLane = 8;
 
 inline vfloat splat(float x) { return vfloat{} + x; }
 
@@ -162,7 +165,7 @@ struct LaneState {
   vfloat qt[kMaxHeadDim];          // qt[d][lane]
   vint lo, hi;                      // each lane's visible keys [lo, hi)
   vfloat m, l;                      // running max and sum
-  vfloat acc[L * kMaxHeadDim / KS];  // [lane][d / KS][KS], or [d][lane] with bf16_dot
+  vfloat acc[L * kMaxHeadDim / KS];  // lane-major [lane][d / KS][KS], or dim-major [d][lane]
 #if TTS_BF16_DOT
   // bf16_dot's queries: qp[p] holds, for each lane r, the pair (q[2p][r], q[2p+1][r]) as the
   // 32-bit element r, which vdpbf16ps multiplies with a key pair broadcast to every lane.
@@ -237,7 +240,7 @@ void lane_values(LaneState& st, const T* const* vrows, int64_t n8, int64_t D, in
 }
 
 #if TTS_BF16_DOT
-// Value accumulators held in registers per pass over a tile's weights.
+// Value accumulators held in registers per pass over a tile's weights (dim-major).
 constexpr int64_t DB = 8;
 
 inline uint16_t bf16_bits(c10::BFloat16 x) { return x.x; }
@@ -275,10 +278,58 @@ void lane_scores_dot(const LaneState& st, const c10::BFloat16* const* krows, int
   }
 }
 
-// lane_values on vdpbf16ps, two keys at a time: the weights of keys j and j + 1 are rounded
-// to bf16 and paired per lane, and their value rows are interleaved once per tile into pairs
-// (v_j[d], v_j+1[d]) that are broadcast to every lane. n8 is even; D a multiple of 32.
-void lane_values_dot(LaneState& st, const c10::BFloat16* const* vrows, int64_t n8, int64_t D, const vfloat* s,
+// lane_values on vdpbf16ps for a few lanes, lane-major accumulators (acc[lane][d / KS]), two
+// keys at a time: the weights of keys j and j + 1 are rounded to bf16 and paired per lane, and
+// the two value rows are interleaved (unpack within each 128-bit block) for every VR lanes. The unpack leaves head_dim permuted inside each 32-wide chunk: acc chunk
+// 2c holds dims 32c + 8b + i and chunk 2c + 1 dims 32c + 8b + 4 + i at element 4b + i (block
+// b, i < 4); unpermute_acc restores the order. n8 is even; D a multiple of 32.
+void lane_values_dot_by_lane(LaneState& st, const c10::BFloat16* const* vrows, int64_t n8, int64_t D, int64_t lanes,
+                     const vfloat* s, vfloat alpha) {
+  const int64_t chunks = D / KS;
+  alignas(64) int32_t w[KT / 2][L];  // w[pair][lane]: bf16 weights of keys 2 pair and 2 pair + 1
+  for (int64_t j = 0; j < n8; j += 2) {
+    const __m512i lo = _mm512_cvtepu16_epi32(reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(reinterpret_cast<__m512>(s[j]))));
+    const __m512i hi = _mm512_cvtepu16_epi32(reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(reinterpret_cast<__m512>(s[j + 1]))));
+    _mm512_store_si512(w[j / 2], _mm512_or_si512(lo, _mm512_slli_epi32(hi, 16)));
+  }
+  for (int64_t r0 = 0; r0 < lanes; r0 += VR) {
+    for (int64_t c = 0; c < chunks; c += 2) {
+      __m512 a[VR][2];
+      for (int64_t r = 0; r < VR; ++r)
+        for (int64_t h = 0; h < 2; ++h)
+          a[r][h] = reinterpret_cast<__m512>(st.acc[(r0 + r) * chunks + c + h] * alpha[r0 + r]);
+      for (int64_t j = 0; j < n8; j += 2) {
+        const __m512i v0 = _mm512_loadu_si512(vrows[j] + c * KS), v1 = _mm512_loadu_si512(vrows[j + 1] + c * KS);
+        const __m512bh vlo = reinterpret_cast<__m512bh>(_mm512_unpacklo_epi16(v0, v1));
+        const __m512bh vhi = reinterpret_cast<__m512bh>(_mm512_unpackhi_epi16(v0, v1));
+        for (int64_t r = 0; r < VR; ++r) {
+          const __m512bh wr = reinterpret_cast<__m512bh>(_mm512_set1_epi32(w[j / 2][r0 + r]));
+          a[r][0] = _mm512_dpbf16_ps(a[r][0], wr, vlo);
+          a[r][1] = _mm512_dpbf16_ps(a[r][1], wr, vhi);
+        }
+      }
+      for (int64_t r = 0; r < VR; ++r)
+        for (int64_t h = 0; h < 2; ++h) st.acc[(r0 + r) * chunks + c + h] = reinterpret_cast<vfloat>(a[r][h]);
+    }
+  }
+}
+
+// Lane r's accumulator from lane_values_dot's order to head_dim order.
+void unpermute_acc(const vfloat* acc, int64_t D, float* out) {
+  for (int64_t c = 0; c < D / 32; ++c)
+    for (int64_t b = 0; b < 4; ++b)
+      for (int64_t i = 0; i < 4; ++i) {
+        out[32 * c + 8 * b + i] = acc[2 * c][4 * b + i];
+        out[32 * c + 8 * b + 4 + i] = acc[2 * c + 1][4 * b + i];
+      }
+}
+// lane_values on vdpbf16ps for many lanes, dim-major accumulators (acc[d][lane]): the weights
+// are paired as in lane_values_dot_by_lane, and the value rows are interleaved once per tile
+// into pairs (v_j[d], v_j+1[d]) that are broadcast against every lane's weights. On a prefill
+// chunk's 16 lanes this took 0.87x the time of the lane-major sum; on a beam's 3 (one decode
+// row of a 3-query GQA group), 4x: whichever suits the lane count runs. n8 is even; D a
+// multiple of 32.
+void lane_values_dot_by_dim(LaneState& st, const c10::BFloat16* const* vrows, int64_t n8, int64_t D, const vfloat* s,
                      vfloat alpha) {
   alignas(64) int32_t vpairs[KT / 2][kMaxHeadDim];
   __m512i w[KT / 2];  // w[pair]: per lane, the bf16 weights of keys 2 pair and 2 pair + 1
@@ -399,6 +450,7 @@ void attend_item(const T* query, int64_t q_token_stride, const T* k_cache, const
   for (int64_t v0 = 0; v0 < R; v0 += L) {
     const int64_t lanes = std::min(L, R - v0);
     const LaneRange range = start_lanes(states, query, q_token_stride, plan, prm, it, v0, lanes);
+    const bool dim_major = use_dot<T>(prm) && lanes > kMaxLanesByLane;
     const int64_t first = range.first, last = range.last;
     if (first < last) row_offsets(table, cache, first, std::min(KT, last - first), noffsets);
     for (int64_t j0 = first; j0 < last; j0 += KT) {
@@ -424,7 +476,10 @@ void attend_item(const T* query, int64_t q_token_stride, const T* k_cache, const
           if (prm.bf16_dot) {
             lane_scores_dot(states[h], krows, j0, n8, D, prm, mask, s, knext, vnext, nnext);
             const vfloat alpha = lane_softmax(states[h], n8, s);
-            lane_values_dot(states[h], vrows, n8, D, s, alpha);
+            if (dim_major)
+              lane_values_dot_by_dim(states[h], vrows, n8, D, s, alpha);
+            else
+              lane_values_dot_by_lane(states[h], vrows, n8, D, lanes, s, alpha);
             continue;
           }
         }
@@ -440,10 +495,16 @@ void attend_item(const T* query, int64_t q_token_stride, const T* k_cache, const
         const int64_t slot = e * prm.num_heads + head;
         part.max[slot] = states[h].m[r];
         part.sum[slot] = states[h].l[r];
-        if (use_dot<T>(prm)) {
+        if (dim_major) {
           for (int64_t d = 0; d < D; ++d) part.acc[slot * D + d] = states[h].acc[d][r];
           continue;
         }
+#if TTS_BF16_DOT
+        if (use_dot<T>(prm)) {
+          unpermute_acc(states[h].acc + r * chunks, D, part.acc + slot * D);
+          continue;
+        }
+#endif
         std::memcpy(part.acc + slot * D, states[h].acc + r * chunks, D * sizeof(float));
       }
   }
