@@ -32,8 +32,9 @@ from tts_runtime.models.loader import LoadedModel, load_model
 # The tts variants: (label, what it measures, engine switches, the dtypes it runs at: "first"
 # (the first of --dtypes only), "all", or "bfloat16").
 TTS_VARIANTS = (
-    ("tts_torch", "torch attention backend (gathers each context per layer and step), torch linear (before)",
-     dict(attention_backend="torch", linear_backend="torch"), "first"),
+    ("tts_torch", "torch attention backend (gathers each context per layer and step), torch linear and "
+     "eager elementwise ops (before)",
+     dict(attention_backend="torch", linear_backend="torch", cpu_fused_ops=False), "first"),
     ("tts_kernel", "CPU kernel in place, cascade off, torch linear",
      dict(attention_backend="cpu", cascade_attention=False, linear_backend="torch"), "first"),
     ("tts_cascade", "CPU kernel in place, cascade on, torch linear",
@@ -44,6 +45,9 @@ TTS_VARIANTS = (
      dict(attention_backend="cpu", cascade_attention=True, linear_backend="prepacked"), "all"),
     ("tts_no_bf16_dot", "as tts_prepacked, bf16 dot products off (--no-attention-bf16-dot)",
      dict(attention_backend="cpu", cascade_attention=True, linear_backend="prepacked", attention_bf16_dot=False),
+     "bfloat16"),
+    ("tts_eager_ops", "as tts_prepacked, torch's eager elementwise ops (--no-cpu-fused-ops)",
+     dict(attention_backend="cpu", cascade_attention=True, linear_backend="prepacked", cpu_fused_ops=False),
      "bfloat16"),
 )
 

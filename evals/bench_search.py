@@ -138,8 +138,9 @@ def bench_search(bench: SearchBench, *, command: Sequence[str],
                                lambda: _measure_tts(runtime, problems, config))}
     if bench.torch_kernels:
         before = Runtime(bench.generator, bench.prm, memory=bench.memory, parallel=bench.parallel,
-                         engine_config=EngineConfig(attention_backend="torch", linear_backend="torch"))
-        variants[_TORCH_KERNELS] = _logged(log, "tts on torch's kernels (attention and linear)",
+                         engine_config=EngineConfig(attention_backend="torch", linear_backend="torch",
+                                                    cpu_fused_ops=False))
+        variants[_TORCH_KERNELS] = _logged(log, "tts on torch's kernels (attention, linear, elementwise ops)",
                                            lambda: _measure_tts(before, problems, config))
     if config.problem_batch > 1 and bench.batch_one:
         # The engine alone, one problem at a time like the baseline: splits the speed-up into

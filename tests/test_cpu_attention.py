@@ -16,7 +16,8 @@ from tts_runtime import CacheConfig, ConfigError, Engine, EngineConfig, Sampling
 from tts_runtime.executor.attention import TorchAttention, select_backend
 from attention_cases import CASES, Case, build
 from tts_runtime.executor.attention_plan import batch_sequences, prefix_tree
-from tts_runtime.executor.cpu_attention import CpuPagedAttention, KernelUnavailable, load_kernel
+from tts_runtime.executor.cpu_attention import CpuPagedAttention, load_kernel
+from tts_runtime.executor.cpu_extensions import KernelUnavailable
 
 REL_TOL = {torch.float32: 1e-5, torch.bfloat16: 2e-2}
 
@@ -168,13 +169,13 @@ def test_head_sizes_the_kernel_does_not_take_go_to_the_fallback(kernel, head_dim
 
 def test_beam_bench_runs_each_switch_at_its_dtypes(math500_path):
     """The beam-shaped benchmark at a tiny size: every variant generates its tokens, and the
-    bf16-only switch runs at bf16 alone."""
+    bf16-only switches run at bf16 alone."""
     from evals.bench_beam import BeamBenchConfig, bench_beam
 
     config = BeamBenchConfig(prompts=1, n=2, prompt_tokens=40, new_tokens=3, repeats=1, hf=False,
                              dtypes=(torch.float32, torch.bfloat16))
     side, labels = bench_beam(config)
     expected = ["tts_torch", "tts_kernel", "tts_cascade", "tts_onednn", "tts_prepacked",
-                "tts_onednn_bf16", "tts_prepacked_bf16", "tts_no_bf16_dot_bf16"]
+                "tts_onednn_bf16", "tts_prepacked_bf16", "tts_no_bf16_dot_bf16", "tts_eager_ops_bf16"]
     assert [k for k in side.runs if not k.startswith("vllm")] == expected
     assert all(side.median(k, "tokens") == 6 for k in expected)

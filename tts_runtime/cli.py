@@ -181,6 +181,9 @@ def _make_search_command(method: str, summary: str) -> None:
                                                          "(onednn where torch has it), onednn, prepacked (oneDNN "
                                                          "on weights reordered once: faster decode, a packed "
                                                          "copy in the memory budget), or torch (F.linear).")] = "auto",
+        cpu_fused_ops: Annotated[bool, typer.Option(help="CPU: RMSNorm, rotary embedding and the gated "
+                                                         "activation as one C++ pass each (off: torch's eager "
+                                                         "ops, bit-exact with HF).")] = True,
         phase_policy: Annotated[str, typer.Option(help="alternate (each engine every step) or batched "
                                                        "(Seesaw: long generator and PRM phases).")] = _C.phase_policy,
         prm_buffer_tokens: Annotated[int, typer.Option(help="batched: switch to the PRM once this many "
@@ -234,7 +237,7 @@ def _make_search_command(method: str, summary: str) -> None:
         _run_search_command(config, selection, generator, prm, out, resume, device,
                             _memory_config(device_memory, memory_split, memory_policy), scale, scheduler, parallel,
                             backend=backend, attention=(attention_backend, cascade, attention_bf16_dot),
-                            linear_backend=linear_backend,
+                            linear_backend=linear_backend, cpu_fused_ops=cpu_fused_ops,
                             cohost=CohostConfig(phase_policy, prm_buffer_tokens, generator_low_water,
                                                 generator_buffer_seqs, overlap),
                             cache=CacheConfig(host_kv_bytes=parse_size(host_kv_memory),
@@ -269,7 +272,7 @@ def _run_search_command(config: SearchConfig, selection: dict, generator: str, p
                         scheduler: SchedulerConfig = SchedulerConfig(),
                         parallel: ParallelConfig = ParallelConfig(), *, backend: str = "native",
                         attention: tuple[str, bool | None, bool] = ("auto", None, True),
-                        linear_backend: str = "auto",
+                        linear_backend: str = "auto", cpu_fused_ops: bool = True,
                         cohost: CohostConfig = CohostConfig(), cache: CacheConfig = CacheConfig()) -> None:
     problems = load_problems(selection["name"], dataset_path=selection["path"], limit=selection["limit"],
                              levels=set(selection["levels"]) if selection["levels"] else None,
@@ -291,7 +294,7 @@ def _run_search_command(config: SearchConfig, selection: dict, generator: str, p
     engine_config = EngineConfig(cache=cache, device=device, scheduler=scheduler, parallel=parallel,
                                  attention_backend=attention[0], cascade_attention=attention[1],
                                  attention_bf16_dot=attention[2],
-                                 linear_backend=linear_backend, cohost=cohost)
+                                 linear_backend=linear_backend, cpu_fused_ops=cpu_fused_ops, cohost=cohost)
     folder = RunFolder.open(out or Path("runs") / f"{config.method}-{time.strftime('%Y%m%d-%H%M%S')}",
                             resume=resume)
     if scale is not None:
@@ -501,8 +504,9 @@ def bench_search_command(
                                               "(generator on vLLM, PRM on HF re-encoding).")] = "native",
     batch_one: Annotated[bool, typer.Option(help="Also tts at problem batch 1.")] = True,
     torch_kernels: Annotated[bool, typer.Option(help="Also tts on torch's kernels: the attention backend "
-                                                     "that copies each context out of the cache and F.linear "
-                                                     "(the before of the in-place kernel and oneDNN).")] = False,
+                                                     "that copies each context out of the cache, F.linear "
+                                                     "and eager elementwise ops (the before of the in-place "
+                                                     "kernel, oneDNN and the CPU layer ops).")] = False,
     pp: Annotated[int, typer.Option(help="tts's pipeline stages (processes).")] = 1,
     pp_layers: Annotated[Optional[str], typer.Option(help="Generator layers per stage, e.g. 16,14 "
                                                           "(default: balanced on measured time).")] = None,

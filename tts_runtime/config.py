@@ -175,6 +175,10 @@ class EngineConfig:
     # profile), "torch" (F.linear: MKL's sgemm for fp32, which takes a slower path on AMD
     # CPUs), "auto" (onednn where torch has it). GPUs use cuBLAS.
     linear_backend: str = "auto"
+    # CPU: RMSNorm, rotary embedding and the gated activation as one C++ pass each
+    # (executor/cpu_layer_ops.py), rounding where torch's eager ops round; off: the eager ops,
+    # bit-exact with HF.
+    cpu_fused_ops: bool = True
     # GPU execution switches, honoured on CUDA only (the CPU path stays the eager reference):
     # replay decode steps from CUDA graphs captured at padded batch sizes (triton backend),
     # and run RMSNorm, rotary embedding and the gated activation as fused Triton kernels.

@@ -204,7 +204,8 @@ class Runtime:
         config = self.engine_config
         return {"name": self.backend, "attention_backend": config.attention_backend,
                 "cascade_attention": config.cascade_attention, "attention_bf16_dot": config.attention_bf16_dot,
-                "linear_backend": resolved_linear_backend(resolve_device(config.device), config)}
+                "linear_backend": resolved_linear_backend(resolve_device(config.device), config),
+                "cpu_fused_ops": config.cpu_fused_ops}
 
     def _start_vllm(self, specs: tuple[ModelSpec, ModelSpec], loaded: tuple[LoadedModel, LoadedModel],
                     dtypes: tuple[torch.dtype, torch.dtype]) -> None:

@@ -172,7 +172,8 @@ def select_backend(name: str, device: torch.device, group_decodes_by_length: boo
 @functools.cache
 def kernel_unavailable() -> str | None:
     """Why the CPU kernel cannot be used here (None: it can); warns once."""
-    from tts_runtime.executor.cpu_attention import KernelUnavailable, load_kernel
+    from tts_runtime.executor.cpu_attention import load_kernel
+    from tts_runtime.executor.cpu_extensions import KernelUnavailable
 
     try:
         load_kernel()

@@ -8,18 +8,13 @@ backend plans each forward once, shared by all layers (attention_plan.py: items 
 block tables, a prefix tree of shared blocks with cascade on), and the kernel reads K/V in
 place for decodes and for prefill chunks over a cached prefix (the PRM's score requests).
 
-The kernel is compiled on first use (`make setup` does it once) with torch's extension
-tooling and cached under the tts cache folder; when it cannot be built, `select_backend`
-falls back to the torch backend and says so once.
+The kernel is compiled on first use (cpu_extensions.py); when it cannot be built,
+`select_backend` falls back to the torch backend and says so once.
 """
 
 from __future__ import annotations
 
 import functools
-import hashlib
-import os
-import sys
-from pathlib import Path
 from types import ModuleType
 
 import torch
@@ -27,10 +22,8 @@ import torch
 from tts_runtime.executor.attention import AttentionBackend, store_kv
 from tts_runtime.executor.attention_plan import AttentionPlan, build_plan
 from tts_runtime.executor.batch import AttentionMetadata
-from tts_runtime.models.loader import cache_root
+from tts_runtime.executor.cpu_extensions import load_extension
 
-
-_SOURCE = Path(__file__).parent / "csrc" / "paged_attention_cpu.cpp"
 
 # The kernel's vector width in fp32 lanes: head_dim must be a multiple of it, and at most
 # the size of its per-lane accumulators.
@@ -38,38 +31,11 @@ HEAD_DIM_MULTIPLE = 16
 MAX_HEAD_DIM = 256
 
 
-class KernelUnavailable(RuntimeError):
-    """The C++ kernel could not be built or loaded on this machine."""
-
-
-def build_dir() -> Path:
-    """One folder per torch version (the extension links against torch's C++ ABI), per source
-    file and contents, and per Python environment: ninja rebuilds whenever a path in its
-    build file changes (the source, the venv's torch headers), so two checkouts or two venvs
-    sharing one folder would keep rebuilding each other's kernel behind its build lock."""
-    digest = hashlib.sha1(str(_SOURCE).encode() + sys.prefix.encode() + _SOURCE.read_bytes()).hexdigest()[:12]
-    return cache_root() / "torch_extensions" / f"torch-{torch.__version__.replace('+', '-')}-{digest}"
-
-
 @functools.cache
 def load_kernel() -> ModuleType:
-    """Builds (first call on a machine, ~1 min) or loads the cached extension."""
-    try:
-        from torch.utils.cpp_extension import load
-
-        folder = build_dir()
-        folder.mkdir(parents=True, exist_ok=True)
-        # The `ninja` dependency installs next to this interpreter, which need not be on PATH
-        # (.venv/bin/tts run without activating the venv).
-        scripts = str(Path(sys.executable).parent)
-        if scripts not in os.environ.get("PATH", "").split(os.pathsep):
-            os.environ["PATH"] = scripts + os.pathsep + os.environ.get("PATH", "")
-        # -march=native: the build runs on the machine that uses it (make setup or first use).
-        return load(name="tts_paged_attention_cpu", sources=[str(_SOURCE)], build_directory=str(folder),
-                    extra_cflags=["-O3", "-march=native", "-fopenmp"], extra_ldflags=["-fopenmp"],
-                    verbose=False)
-    except Exception as exc:  # any build or load failure means: use the torch path
-        raise KernelUnavailable(f"{type(exc).__name__}: {' '.join(str(exc).split())[:300]}") from exc
+    """Builds (first call on a machine, ~1 min) or loads the cached extension; raises
+    KernelUnavailable when it cannot."""
+    return load_extension("tts_paged_attention_cpu", "paged_attention_cpu.cpp")
 
 
 class CpuPagedAttention:

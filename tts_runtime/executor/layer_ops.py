@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+import logging
 from collections.abc import Sequence
 from dataclasses import replace
 
@@ -9,12 +11,15 @@ import torch
 from torch import nn
 
 from tts_runtime.config import ConfigError, EngineConfig
+from tts_runtime.executor.cpu_extensions import KernelUnavailable
 from tts_runtime.models.layers import EAGER_OPS, LayerOps
 
 # The row count oneDNN picks its blocked weight layout for; measured at 1, 16 and 512 rows
 # on SmolLM2's 3072x576 projection, a layout chosen for 128 rows was as fast as the best
 # at each.
 _PACKING_ROWS_HINT = 128
+
+log = logging.getLogger(__name__)
 
 
 def onednn_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
@@ -73,16 +78,29 @@ def packed_weight_bytes(model: nn.Module, samples: bool, device: torch.device, c
 
 
 def layer_ops(device: torch.device, config: EngineConfig, models: Sequence[nn.Module]) -> LayerOps:
-    """Fused Triton kernels on CUDA when `compile` is on; on the CPU the eager elementwise
-    ops (bit-exact with HF) with the projections on oneDNN (prepacked or plain) or torch
-    (`linear_backend`)."""
+    """Fused Triton kernels on CUDA when `compile` is on; on the CPU the C++ elementwise ops
+    (`cpu_fused_ops`, else torch's eager ops, bit-exact with HF) with the projections on
+    oneDNN (prepacked or plain) or torch (`linear_backend`)."""
     if device.type == "cuda":
         if config.compile:
             from tts_runtime.models.fused_ops import FUSED_OPS  # imports triton: CUDA only
 
             return FUSED_OPS
         return EAGER_OPS
+    ops = cpu_elementwise_ops() if config.cpu_fused_ops else EAGER_OPS
     backend = resolved_linear_backend(device, config)
     if backend == "torch":
+        return ops
+    return replace(ops, linear=PrepackedLinear(models) if backend == "prepacked" else onednn_linear)
+
+
+@functools.cache
+def cpu_elementwise_ops() -> LayerOps:
+    """The C++ layer ops, or the eager ones (with a warning, once) where they cannot be built."""
+    from tts_runtime.executor.cpu_layer_ops import cpu_layer_ops, load_layer_ops_kernel
+
+    try:
+        return cpu_layer_ops(load_layer_ops_kernel())
+    except KernelUnavailable as exc:
+        log.warning("CPU layer-ops kernel unavailable, using torch's eager ops: %s", exc)
         return EAGER_OPS
-    return replace(EAGER_OPS, linear=PrepackedLinear(models) if backend == "prepacked" else onednn_linear)

@@ -28,6 +28,8 @@
 #include <utility>
 #include <vector>
 
+#include "vector_math.h"
+
 #if defined(__AVX512BF16__)
 #include <immintrin.h>
 #define TTS_BF16_DOT 1
@@ -37,17 +39,14 @@
 
 namespace {
 
+using tts_vec::L, tts_vec::vfloat, tts_vec::vint, tts_vec::splat, tts_vec::exp_nonpositive;
+
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
 // A lane group is up to L query vectors (rows x the heads of a GQA group) held across the L
 // lanes of one vector: every key is read straight from the pool and broadcast against all of
 // them, so a shared prefix's keys are loaded once for every beam that reads them and nothing
-// is copied or transposed. The vectors are GCC/Clang vector extensions: one AVX-512 register
-// where the machine has it (the build uses -march=native), narrower registers where not.
-constexpr int64_t L = 16;
-typedef float vfloat __attribute__((vector_size(L * sizeof(float))));
-typedef int32_t vint __attribute__((vector_size(L * sizeof(int32_t))));
-
+// is copied or transposed (vector_math.h: L lanes).
 constexpr int64_t KB = 8;   // keys per block of independent multiply-add chains
 // Keys per online-softmax update, and how far ahead the next keys are prefetched: one block
 // of 16 tokens. Measured on SmolLM2's beam shape with the pool out of cache (one pool per
@@ -60,8 +59,6 @@ constexpr int64_t kMaxHeadDim = 256;
 // lane_values_dot_by_dim).
 constexpr int64_t kMaxLanesByLane = 8;
 
-inline vfloat splat(float x) { return vfloat{} + x; }
-
 // The K and V rows [from, to) of the next tile (head_dim D), into L2 (see lane_scores).
 template <typename T>
 inline void prefetch_rows(const T* const* knext, const T* const* vnext, int64_t from, int64_t to, int64_t D) {
@@ -72,37 +69,8 @@ inline void prefetch_rows(const T* const* knext, const T* const* vnext, int64_t 
     }
 }
 
-// exp(x) for x <= 0, lane-wise: Cephes' expf polynomial (relative error ~1e-7); arguments
-// below -87 (and -inf, a masked key) give 0.
-inline vfloat exp_nonpositive(vfloat x) {
-  const vfloat xc = x < -87.0f ? splat(-87.0f) : x;
-  const vfloat t = xc * 1.44269504088896341f + 0.5f;
-  vint n = __builtin_convertvector(t, vint);       // truncates toward zero ...
-  n += __builtin_convertvector(n, vfloat) > t;     // ... and this makes it floor (true is -1)
-  const vfloat nf = __builtin_convertvector(n, vfloat);
-  const vfloat r = xc - nf * 0.693359375f + nf * 2.12194440e-4f;
-  vfloat p = splat(1.9875691500e-4f);
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  p = p * r * r + r + 1.0f;
-  const vint bits = (n + 127) << 23;
-  vfloat scale;
-  std::memcpy(&scale, &bits, sizeof(scale));
-  return x < -87.0f ? vfloat{} : p * scale;
-}
-
-inline float exp_nonpositive(float x) { return exp_nonpositive(splat(x))[0]; }
-
-// softcap * tanh(x / softcap) through exp of a non-positive argument.
-inline vfloat soft_cap(vfloat x, float cap) {
-  const vfloat y = x / cap;
-  const vfloat e = exp_nonpositive(-2.0f * (y < 0.0f ? -y : y));
-  const vfloat t = (1.0f - e) / (1.0f + e);
-  return cap * (y < 0.0f ? -t : t);
-}
+// softcap * tanh(x / softcap).
+inline vfloat soft_cap(vfloat x, float cap) { return cap * tts_vec::tanh(x / cap); }
 
 inline float to_float(float x) { return x; }
 inline float to_float(c10::BFloat16 x) { return static_cast<float>(x); }
