@@ -179,7 +179,7 @@ class EngineConfig:
     # (executor/cpu_layer_ops.py), rounding where torch's eager ops round; off: the eager ops,
     # bit-exact with HF.
     cpu_fused_ops: bool = True
-    # GPU execution switches, honoured on CUDA only (the CPU path stays the eager reference):
+    # GPU execution switches, honoured on CUDA only (the CPU has cpu_fused_ops):
     # replay decode steps from CUDA graphs captured at padded batch sizes (triton backend),
     # and run RMSNorm, rotary embedding and the gated activation as fused Triton kernels.
     cuda_graphs: bool = True
