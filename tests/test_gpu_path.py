@@ -30,6 +30,7 @@ from tts_runtime.executor.cuda_graphs import (PAD_SLOT, StaticDecodeBuffers, cap
 from tts_runtime.executor.device_memory import device_memory_info  # noqa: E402
 from tts_runtime.executor.local import LocalExecutor  # noqa: E402
 from tts_runtime.executor.kv_cache import allocate_kv_cache  # noqa: E402
+from tts_runtime.executor.layer_ops import cpu_elementwise_ops  # noqa: E402
 from tts_runtime.executor.sampler import SamplingRow, child_seed, sample  # noqa: E402
 from tts_runtime.models import layers  # noqa: E402
 from tts_runtime.models.arch import arch_from_hf  # noqa: E402
@@ -96,16 +97,17 @@ def test_eager_ops_match_hf_formulas_exactly():
 
 
 def test_gpu_switches_leave_the_cpu_path_unchanged(generator_model):
-    """On CPU the switches (both on by default) change nothing: no graph runner, the eager
-    elementwise ops (bit-exact with HF, above), the same ops and tokens as with both off."""
+    """On CPU the switches (both on by default) change nothing: no graph runner, not the
+    Triton ops but the CPU ones (cpu_fused_ops), the same ops and tokens as with both off."""
     prompt, greedy = [1, 2, 3, 4, 5, 6, 7, 8, 9], SamplingParams(temperature=0, max_tokens=3)
     small = CacheConfig(num_blocks=4)
     on = Engine(generator_model.name, EngineConfig(cache=small, cuda_graphs=True, compile=True),
                 loaded=generator_model)
     assert on.executor.graphs is None
     ops = on.executor.ops
-    assert (ops.rms_norm, ops.rotary_qk, ops.act_and_mul) == (EAGER_OPS.rms_norm, EAGER_OPS.rotary_qk,
-                                                              EAGER_OPS.act_and_mul)
+    cpu_ops = cpu_elementwise_ops()
+    assert (ops.rms_norm, ops.rotary_qk, ops.act_and_mul) == (cpu_ops.rms_norm, cpu_ops.rotary_qk,
+                                                              cpu_ops.act_and_mul)
     got_on = on.generate([prompt], greedy)[0].completions[0].token_ids
     off = Engine(generator_model.name, EngineConfig(cache=small, cuda_graphs=False, compile=False),
                  loaded=generator_model)
