@@ -176,7 +176,8 @@ def _make_search_command(method: str, summary: str) -> None:
         cascade: Annotated[Optional[bool], typer.Option(help="Shared-prefix (cascade) attention (default: on "
                                                              "in the cpu backend, off in triton).")] = None,
         attention_bf16_dot: Annotated[bool, typer.Option(help="cpu backend, bf16 models: dot products on "
-                                                              "AVX512-BF16 where the CPU has it.")] = True,
+                                                              "AVX512-BF16 where the CPU has it, and a "
+                                                              "coarser softmax exp.")] = True,
         linear_backend: Annotated[str, typer.Option(help="CPU projections and output layer: auto "
                                                          "(onednn where torch has it), onednn, prepacked (oneDNN "
                                                          "on weights reordered once: faster decode, a packed "

@@ -166,8 +166,9 @@ class EngineConfig:
     # a GPU).
     cascade_attention: bool | None = None
     # CPU kernel on a bf16 cache: query x key and weight x value dot products two elements at
-    # a time on AVX512-BF16 (vdpbf16ps) where the CPU has it; off: each element converted to
-    # fp32 first.
+    # a time on AVX512-BF16 (vdpbf16ps) where the CPU has it, and the softmax weights (rounded
+    # to bf16 for the value sum) from a coarser exp; off: each element converted to fp32
+    # first, the exact exp.
     attention_bf16_dot: bool = True
     # The projections and the output layer on the CPU: "onednn" (oneDNN's JIT matmul, which
     # uses AVX-512 on AMD and Intel alike), "prepacked" (the same on weights reordered once

@@ -13,7 +13,8 @@
 // (key <= position) and, with a sliding window, key > position - window. With a bf16 cache on
 // a CPU with AVX512-BF16, `bf16_dot` takes the dot products two elements at a time
 // (vdpbf16ps, fp32 accumulation): query x key products are then exact as before, and only
-// the softmax weights are rounded to bf16 for the value sum.
+// the softmax weights are rounded to bf16 for the value sum (which is why that path takes
+// them from a coarser exp).
 
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
