@@ -29,7 +29,7 @@ from search.config import SearchConfig
 from search.driver import run_search
 from search.problem import Problem
 from search.score_cache import ScoreCache
-from tts_runtime.config import EngineConfig, ParallelConfig
+from tts_runtime.config import EngineConfig, ModelSpec, ParallelConfig
 from tts_runtime.runtime import Runtime
 
 _ZERO = RunCounters(EngineCounters(), EngineCounters(), 0, 0)
@@ -52,6 +52,7 @@ class SearchBench:
     limit: int = 20
     generator: str = "smollm2-135m-instruct"
     prm: str = "gemma3-270m"
+    dtype: str = "auto"  # every side's weights and activations (tts_runtime.config.resolve_dtype)
     dataset_path: str | None = None
     memory: MemoryConfig = field(default_factory=MemoryConfig)
     rounds: int = 1
@@ -99,8 +100,8 @@ def _vllm_variants(bench: SearchBench, problems: Sequence[Problem], config: Sear
     from evals.bench_vllm import run_sal_vllm
     from tts_runtime.vllm_engine import VllmEngine
 
-    runtime = Runtime(bench.generator, bench.prm, memory=bench.memory, backend="vllm")
-    models = models or HFModels.load(bench.generator, bench.prm)
+    runtime = Runtime(*_specs(bench), memory=bench.memory, backend="vllm")
+    models = models or HFModels.load(bench.generator, bench.prm, runtime.generator.dtype)
     # Its own engine, as large as tts's vLLM generator, so neither inherits the other's cache.
     generator = VllmEngine(bench.generator, kv_cache_bytes=runtime.generator.kv_cache_bytes)
 
@@ -121,6 +122,10 @@ def _vllm_variants(bench: SearchBench, problems: Sequence[Problem], config: Sear
     return variants, shutdown
 
 
+def _specs(bench: SearchBench) -> tuple[ModelSpec, ModelSpec]:
+    return ModelSpec(bench.generator, bench.dtype), ModelSpec(bench.prm, bench.dtype)
+
+
 def _logged(log: Callable[[str], None], label: str, measure: Callable[[], dict]) -> Callable[[], dict]:
     def run() -> dict:
         log(f"running {label} ...")
@@ -133,11 +138,11 @@ def bench_search(bench: SearchBench, *, command: Sequence[str],
     config = SearchConfig(**{**bench.config.to_dict(), "method": "beam"})
     problems = load_problems("math500", dataset_path=bench.dataset_path, limit=bench.limit)
     log(f"loading models for {len(problems)} problems ...")
-    runtime = Runtime(bench.generator, bench.prm, memory=bench.memory, parallel=bench.parallel)
+    runtime = Runtime(*_specs(bench), memory=bench.memory, parallel=bench.parallel)
     variants = {"tts": _logged(log, f"tts (problem batch {config.problem_batch})",
                                lambda: _measure_tts(runtime, problems, config))}
     if bench.torch_kernels:
-        before = Runtime(bench.generator, bench.prm, memory=bench.memory, parallel=bench.parallel,
+        before = Runtime(*_specs(bench), memory=bench.memory, parallel=bench.parallel,
                          engine_config=EngineConfig(attention_backend="torch", linear_backend="torch",
                                                     cpu_fused_ops=False))
         variants[_TORCH_KERNELS] = _logged(log, "tts on torch's kernels (attention, linear, elementwise ops)",
@@ -148,7 +153,7 @@ def bench_search(bench: SearchBench, *, command: Sequence[str],
         one = SearchConfig(**{**config.to_dict(), "problem_batch": 1})
         variants[_BATCH_ONE] = _logged(log, "tts (problem batch 1)", lambda: _measure_tts(runtime, problems, one))
     if bench.baseline:
-        models = HFModels.load(bench.generator, bench.prm)
+        models = HFModels.load(bench.generator, bench.prm, runtime.generator.dtype)
         variants["baseline"] = _logged(log, "the plain HF baseline", lambda: _measure_baseline(models, problems, config))
     stop_vllm = None
     if bench.vllm:
@@ -165,7 +170,8 @@ def bench_search(bench: SearchBench, *, command: Sequence[str],
             stop_vllm()
     data = {
         "benchmark": "search", "problems": len(problems), "rounds": bench.rounds,
-        "config": config.to_dict(), "models": {"generator": bench.generator, "prm": bench.prm},
+        "config": config.to_dict(),
+        "models": {"generator": bench.generator, "prm": bench.prm, "dtype": str(runtime.generator.dtype)},
         "memory_plan": runtime.plan.to_dict(),
         "pipeline": {"pp": bench.parallel.pp_size,
                      "layers_per_stage": {key: [len(r) for r in ranges]
@@ -222,7 +228,8 @@ def _markdown(data: dict[str, Any]) -> str:
         f"{config['max_step_tokens']} tokens per step, last iteration "
         f"{'to the end (' + str(config['max_tokens']) + ' tokens)' if config['eos_sampling'] else 'one more step'}, "
         f"T={config['temperature']}, on the first {data['problems']} MATH-500 problems; generator "
-        f"`{data['models']['generator']}`, PRM `{data['models']['prm']}`. tts keeps "
+        f"`{data['models']['generator']}`, PRM `{data['models']['prm']}`, "
+        f"{data['models'].get('dtype', 'torch.float32').removeprefix('torch.')}. tts keeps "
         f"{config['problem_batch']} searches in flight (and, in the batch-1 column, one); the baseline runs one "
         f"problem at a time (HF `generate`, whole-sequence PRM forwards with `logits_to_keep=1`). Medians over "
         f"{data['rounds']} round(s); in each round the columns run one after another in this order.",

@@ -34,7 +34,7 @@ from evals.run import RunOutcome, failed_metrics, run_config, split_finished
 from memory.split import MemoryConfig
 from search import ProblemResult, ScoreCache, SearchConfig, arun_search
 from search.results import FailedProblem
-from tts_runtime.config import EngineConfig
+from tts_runtime.config import EngineConfig, ModelSpec
 from tts_runtime.runtime import Runtime
 
 
@@ -42,8 +42,8 @@ from tts_runtime.runtime import Runtime
 class ReplicaSpec:
     """What every replica builds its Runtime from (models by name: each node loads its own)."""
 
-    generator: str
-    prm: str
+    generator: ModelSpec
+    prm: ModelSpec
     memory: MemoryConfig
     engine_config: EngineConfig
 

@@ -54,6 +54,8 @@ def _one_line_error(result, fragment: str) -> None:
     (["beam", "--device-memory", "lots"], "cannot read memory size 'lots'"),
     (["beam", "--limit", "1", "--resume"], "--resume needs --out"),
     (["beam", "--limit", "1", "--linear-backend", "mkl"], "unknown --linear-backend 'mkl'"),
+    (["beam", "--limit", "1", "--dtype", "int8"], "unknown dtype 'int8'"),
+    (["bench", "search", "--dtype", "fp8"], "unknown dtype 'fp8'"),
 ])
 def test_bad_input_is_one_line(args, fragment, math500_path):
     _one_line_error(_invoke(args, TTS_DATA_DIR=str(math500_path.parents[1])), fragment)
@@ -177,6 +179,33 @@ def test_cli_end_to_end_on_three_problems(tmp_path, math500_path):
     assert 0 < speed["prefix_hit_rate"]["generator"] < 1 and 0 < speed["score_cache"]["hit_rate"] < 1
     assert metrics["memory"]["plan"]["budget_bytes"] == 3 << 30
     assert "accuracy (best beam)" in done.stdout
+
+
+@pytest.mark.slow
+def test_dtype_option_runs_both_models_in_bf16(tmp_path, math500_path):
+    out = tmp_path / "run"
+    done = subprocess.run(_tts(math500_path, "--limit", "1", "--dtype", "bfloat16", "--out", str(out)),
+                          capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    config = json.loads((out / "config.json").read_text())
+    assert config["models"]["dtypes"] == {"generator": "torch.bfloat16", "prm": "torch.bfloat16"}
+    [row] = _lines(out)
+    assert row["generated_tokens"] > 0 and row["beams"]
+
+
+@pytest.mark.slow
+def test_bench_search_runs_every_side_in_the_chosen_dtype(tmp_path, math500_path):
+    command = [sys.executable, "-m", "tts_runtime.cli", "bench", "search", "--dataset-path", str(math500_path),
+               "--limit", "1", "--n", "2", "--beam-width", "2", "--num-iterations", "1", "--max-step-tokens", "8",
+               "--max-tokens", "16", "--rounds", "1", "--no-batch-one", "--torch-kernels", "--device-memory", "3GiB",
+               "--dtype", "bfloat16", "--out-dir", str(tmp_path)]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    data = json.loads((tmp_path / "search.json").read_text())
+    assert data["models"]["dtype"] == "torch.bfloat16"
+    assert set(data["median"]) == {"tts", "tts-torch-kernels", "baseline"}
+    assert all(side["generator_tokens_per_s"] > 0 for side in data["median"].values())
+    assert "`gemma3-270m`, bfloat16." in (tmp_path / "search.md").read_text()
 
 
 @pytest.mark.slow

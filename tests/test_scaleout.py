@@ -27,13 +27,13 @@ from memory.split import MemoryConfig, parse_size
 from search import ProblemResult, SearchConfig
 from tests.conftest import GENERATOR, PRM
 from tts_runtime.cli import app
-from tts_runtime.config import EngineConfig
+from tts_runtime.config import EngineConfig, ModelSpec
 
 # Greedy, so a problem's result cannot depend on which replica solved it or what it shared
 # a batch with; two problems in flight per replica exercise the replica's own batching.
 SEARCH = SearchConfig(method="beam", n=2, beam_width=2, num_iterations=2, max_step_tokens=16, max_tokens=48,
                       temperature=0.0, problem_batch=2)
-SPEC = ReplicaSpec(GENERATOR, PRM, MemoryConfig(device_memory=parse_size("2.1GiB")), EngineConfig(device="cpu"))
+SPEC = ReplicaSpec(ModelSpec(GENERATOR), ModelSpec(PRM), MemoryConfig(device_memory=parse_size("2.1GiB")), EngineConfig(device="cpu"))
 CLI_TINY = ["--n", "2", "--beam-width", "2", "--num-iterations", "2", "--max-step-tokens", "16", "--max-tokens", "48",
             "--temperature", "0", "--problem-batch", "1", "--device", "cpu", "--device-memory", "2.1GiB"]
 

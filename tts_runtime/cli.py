@@ -34,8 +34,8 @@ from memory.sweep import sweep_memory
 from search.config import SearchConfig
 from search.progress import SearchProgress
 from search.results import FailedProblem
-from tts_runtime.config import (CacheConfig, CohostConfig, ConfigError, EngineConfig, ParallelConfig,
-                                SchedulerConfig, ThrottleConfig, resolve_device)
+from tts_runtime.config import (CacheConfig, CohostConfig, ConfigError, EngineConfig, ModelSpec, ParallelConfig,
+                                SchedulerConfig, ThrottleConfig, resolve_device, resolve_dtype)
 from tts_runtime.executor.pipeline import PipelineFailure
 from tts_runtime.engine.scheduler import budget_policy
 from tts_runtime.models.registry import ALIASES, BUILTIN_CONFIGS, resolve
@@ -44,6 +44,8 @@ from tts_runtime.runtime import Runtime, check_backend, check_cohost
 DEFAULT_GENERATOR = "smollm2-135m-instruct"
 DEFAULT_PRM = "gemma3-270m"
 ATTENTION_BACKENDS = ("auto", "cpu", "torch", "triton")
+DTYPE_HELP = ("Both models' weights and activations: auto (bf16 on GPU, fp32 on CPU), float32, bfloat16 "
+              "(the fast path on CPUs with AVX512-BF16) or float16.")
 
 app = typer.Typer(name="tts", help="Test-time-compute search: PRM-guided beam search, best-of-N, DVTS.",
                   no_args_is_help=True, add_completion=False, pretty_exceptions_show_locals=False)
@@ -136,6 +138,7 @@ def _make_search_command(method: str, summary: str) -> None:
         resume: Annotated[bool, typer.Option(help="Continue the run in --out, skipping finished "
                                              "problems.")] = False,
         device: Annotated[str, typer.Option(help="auto, cpu, cuda, cuda:1 ...")] = "auto",
+        dtype: Annotated[str, typer.Option(help=DTYPE_HELP)] = "auto",
         device_memory: Annotated[Optional[str], typer.Option(help="Memory budget for both models, e.g. "
                                                              "6GiB (default: the GPU's, 8GiB on CPU).")] = None,
         memory_split: Annotated[float, typer.Option(help="Share of the KV budget for the PRM.")] = 0.3,
@@ -235,7 +238,8 @@ def _make_search_command(method: str, summary: str) -> None:
         if attention_backend not in ATTENTION_BACKENDS:
             raise ConfigError(f"unknown attention backend '{attention_backend}'; choose "
                               f"{', '.join(ATTENTION_BACKENDS)}")
-        _run_search_command(config, selection, generator, prm, out, resume, device,
+        _run_search_command(config, selection, ModelSpec(generator, dtype), ModelSpec(prm, dtype), out, resume,
+                            device,
                             _memory_config(device_memory, memory_split, memory_policy), scale, scheduler, parallel,
                             backend=backend, attention=(attention_backend, cascade, attention_bf16_dot),
                             linear_backend=linear_backend, cpu_fused_ops=cpu_fused_ops,
@@ -268,7 +272,8 @@ def _scale_out(replicas: int | None, ray_address: str | None, threads: int, devi
                     threads_per_replica=threads, gpus_per_replica=gpus)
 
 
-def _run_search_command(config: SearchConfig, selection: dict, generator: str, prm: str, out: Path | None,
+def _run_search_command(config: SearchConfig, selection: dict, generator: ModelSpec, prm: ModelSpec,
+                        out: Path | None,
                         resume: bool, device: str, memory: MemoryConfig, scale: ScaleOut | None = None,
                         scheduler: SchedulerConfig = SchedulerConfig(),
                         parallel: ParallelConfig = ParallelConfig(), *, backend: str = "native",
@@ -283,9 +288,9 @@ def _run_search_command(config: SearchConfig, selection: dict, generator: str, p
     if resume and out is None:
         raise ConfigError("--resume needs --out: the run folder to continue")
     # Catch unknown models and devices now, before minutes of loading.
-    for name in (generator, prm):
-        resolve(name)
-    resolve_device(device)
+    for spec in (generator, prm):
+        resolve(spec.model)
+        resolve_dtype(spec.dtype, resolve_device(device))
     check_backend(backend, memory.policy)
     check_cohost(backend, memory.policy, cohost)
     check_host_tier(cache, backend, cohost)
@@ -302,7 +307,7 @@ def _run_search_command(config: SearchConfig, selection: dict, generator: str, p
         _run_scaled_command(config, selection, problems, ReplicaSpec(generator, prm, memory, engine_config),
                             folder, scale)
         return
-    console.print(f"loading {generator} + {prm} ...")
+    console.print(f"loading {generator.model} + {prm.model} ...")
     runtime = Runtime(generator, prm, memory=memory, engine_config=engine_config,
                       backend=backend)
     try:
@@ -332,7 +337,7 @@ def _run_scaled_command(config: SearchConfig, selection: dict, problems: list, s
 
         def started(pool, todo: int) -> None:
             hosts = sorted({replica.info.host for replica in pool.replicas})
-            console.print(f"{len(pool.replicas)} replica(s) of {spec.generator} + {spec.prm} up on "
+            console.print(f"{len(pool.replicas)} replica(s) of {spec.generator.model} + {spec.prm.model} up on "
                           f"{', '.join(hosts)}")
             bars.append(stack.enter_context(_SearchProgress(lambda: generated[0], todo)))
 
@@ -511,10 +516,12 @@ def bench_search_command(
     pp: Annotated[int, typer.Option(help="tts's pipeline stages (processes).")] = 1,
     pp_layers: Annotated[Optional[str], typer.Option(help="Generator layers per stage, e.g. 16,14 "
                                                           "(default: balanced on measured time).")] = None,
+    dtype: Annotated[str, typer.Option(help=DTYPE_HELP + " Every side, the HF baseline included.")] = "auto",
 ) -> None:
     """Beam search, tts vs the plain HF baseline, side by side on the first N MATH-500 problems
     (writes search.json and search.md to --out-dir)."""
     check_backend(backend, "static")
+    resolve_dtype(dtype, resolve_device("auto"))
     parallel = ParallelConfig(pp, tuple(_csv(pp_layers, "pp-layers", int) or []) or None)
     config = SearchConfig(method="beam", n=n, beam_width=beam_width, num_iterations=num_iterations,
                           max_step_tokens=max_step_tokens, max_tokens=max_tokens, problem_batch=problem_batch,
@@ -522,7 +529,7 @@ def bench_search_command(
     bench = SearchBench(config=config, limit=limit, generator=generator, prm=prm, dataset_path=dataset_path,
                         memory=_memory_config(device_memory, 0.3, "static"), rounds=rounds, baseline=baseline,
                         out_dir=out_dir, vllm=backend == "vllm", batch_one=batch_one,
-                        torch_kernels=torch_kernels, parallel=parallel)
+                        torch_kernels=torch_kernels, parallel=parallel, dtype=dtype)
     report = bench_search(bench, command=["tts", *sys.argv[1:]], log=console.print)
     typer.echo(report.markdown)
 
@@ -548,7 +555,7 @@ def bench_scaleout_command(
 
     config = SearchConfig(method="beam", n=n, beam_width=beam_width, num_iterations=num_iterations,
                           max_step_tokens=max_step_tokens, max_tokens=max_tokens, problem_batch=problem_batch)
-    spec = ReplicaSpec(DEFAULT_GENERATOR, DEFAULT_PRM, _memory_config(device_memory, 0.3, "static"),
+    spec = ReplicaSpec(ModelSpec(DEFAULT_GENERATOR), ModelSpec(DEFAULT_PRM), _memory_config(device_memory, 0.3, "static"),
                        EngineConfig(device="cpu"))
     path = bench_scaleout(ScaleoutBench(spec, config, limit, rounds, dataset_path),
                           command=["tts", *sys.argv[1:]], log=console.print)
