@@ -43,11 +43,14 @@ TTS_VARIANTS = (
      dict(attention_backend="cpu", cascade_attention=True, linear_backend="onednn"), "all"),
     ("tts_prepacked", "as tts_onednn, on weights prepacked into oneDNN's blocked layout (--linear-backend prepacked)",
      dict(attention_backend="cpu", cascade_attention=True, linear_backend="prepacked"), "all"),
-    ("tts_no_bf16_dot", "as tts_prepacked, bf16 dot products off (--no-attention-bf16-dot)",
-     dict(attention_backend="cpu", cascade_attention=True, linear_backend="prepacked", attention_bf16_dot=False),
+    ("tts_streamed", "as tts_prepacked, the bf16 projections and output layer on tts's kernel over weights "
+     "packed into one sequential stream (--linear-backend streamed)",
+     dict(attention_backend="cpu", cascade_attention=True, linear_backend="streamed"), "bfloat16"),
+    ("tts_no_bf16_dot", "as tts_streamed, bf16 dot products off (--no-attention-bf16-dot)",
+     dict(attention_backend="cpu", cascade_attention=True, linear_backend="streamed", attention_bf16_dot=False),
      "bfloat16"),
-    ("tts_eager_ops", "as tts_prepacked, torch's eager elementwise ops (--no-cpu-fused-ops)",
-     dict(attention_backend="cpu", cascade_attention=True, linear_backend="prepacked", cpu_fused_ops=False),
+    ("tts_eager_ops", "as tts_streamed, torch's eager elementwise ops (--no-cpu-fused-ops)",
+     dict(attention_backend="cpu", cascade_attention=True, linear_backend="streamed", cpu_fused_ops=False),
      "bfloat16"),
 )
 
@@ -190,7 +193,8 @@ def run_beam_bench(config: BeamBenchConfig, command: str) -> str:
     summary = {"tokens_per_s": rates, "speedup_vs_torch_backend": {k: r / before for k, r in rates.items()},
                "raw": side.runs}
     best = {peer: max((r, k) for k, r in rates.items() if k.startswith(peer))
-            for peer in ("tts_onednn", "tts_prepacked", "hf", "vllm") if any(k.startswith(peer) for k in rates)}
+            for peer in ("tts_onednn", "tts_prepacked", "tts_streamed", "hf", "vllm")
+            if any(k.startswith(peer) for k in rates)}
     dtypes = ", ".join(str(d).removeprefix("torch.") for d in config.dtypes)
     notes = [f"{config.prompts} prompts of {config.prompt_tokens} tokens, n={config.n}, {config.new_tokens} new "
              f"tokens each, T=0.8, ignore EOS; dtype {dtypes} (unsuffixed rows: the first; a suffix names the "
@@ -201,7 +205,8 @@ def run_beam_bench(config: BeamBenchConfig, command: str) -> str:
              "Prompts: a MATH-500 problem, then the statements of the following problems as earlier steps.",
              "Each side at its best dtype: " + ", ".join(f"{peer} {r:.1f} tok/s ({k})" for peer, (r, k) in best.items())
              + "".join(f"; {ours} / {peer} {best[ours][0] / best[peer][0]:.2f}x"
-                       for ours in ("tts_onednn", "tts_prepacked") for peer in ("hf", "vllm") if peer in best) + ".",
+                       for ours in ("tts_onednn", "tts_prepacked", "tts_streamed") if ours in best
+                       for peer in ("hf", "vllm") if peer in best) + ".",
              "The profile that motivated the CPU kernel: `py-spy record -o beam.svg -- .venv/bin/tts beam "
              "--dataset math500 --limit 1 --num-iterations 4 --no-sort-completed --attention-backend torch` "
              "(drop the last option for the kernel); issue 15 measured `gather_kv` at 26% and the attention "

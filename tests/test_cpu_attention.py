@@ -176,6 +176,7 @@ def test_beam_bench_runs_each_switch_at_its_dtypes(math500_path):
                              dtypes=(torch.float32, torch.bfloat16))
     side, labels = bench_beam(config)
     expected = ["tts_torch", "tts_kernel", "tts_cascade", "tts_onednn", "tts_prepacked",
-                "tts_onednn_bf16", "tts_prepacked_bf16", "tts_no_bf16_dot_bf16", "tts_eager_ops_bf16"]
+                "tts_onednn_bf16", "tts_prepacked_bf16", "tts_streamed_bf16", "tts_no_bf16_dot_bf16",
+                "tts_eager_ops_bf16"]
     assert [k for k in side.runs if not k.startswith("vllm")] == expected
     assert all(side.median(k, "tokens") == 6 for k in expected)

@@ -24,7 +24,7 @@ def test_auto_puts_the_cpu_projections_on_onednn(generator_model):
 
 
 def test_unknown_linear_backend_is_refused():
-    with pytest.raises(ConfigError, match="unknown --linear-backend 'mkl'; choose one of auto, prepacked, onednn, "
+    with pytest.raises(ConfigError, match="unknown --linear-backend 'mkl'; choose one of auto, streamed, prepacked, onednn, "
                                           "torch"):
         EngineConfig(linear_backend="mkl")
 

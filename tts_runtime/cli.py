@@ -184,7 +184,10 @@ def _make_search_command(method: str, summary: str) -> None:
         linear_backend: Annotated[str, typer.Option(help="CPU projections and output layer: auto "
                                                          "(onednn where torch has it), onednn, prepacked (oneDNN "
                                                          "on weights reordered once: faster decode, a packed "
-                                                         "copy in the memory budget), or torch (F.linear).")] = "auto",
+                                                         "copy in the memory budget), streamed (bf16 models: "
+                                                         "tts's AVX512-BF16 kernel on weights packed once into "
+                                                         "one sequential stream, the fastest; same memory as "
+                                                         "prepacked), or torch (F.linear).")] = "auto",
         cpu_fused_ops: Annotated[bool, typer.Option(help="CPU: RMSNorm, rotary embedding and the gated "
                                                          "activation as one C++ pass each (off: torch's eager "
                                                          "ops, bit-exact with HF).")] = True,

@@ -144,7 +144,7 @@ class CohostConfig:
             raise ConfigError(f"--generator-low-water must be >= 0, got {self.generator_low_water}")
 
 
-LINEAR_BACKENDS = ("auto", "prepacked", "onednn", "torch")
+LINEAR_BACKENDS = ("auto", "streamed", "prepacked", "onednn", "torch")
 
 
 @dataclass(frozen=True)
@@ -173,8 +173,10 @@ class EngineConfig:
     # The projections and the output layer on the CPU: "onednn" (oneDNN's JIT matmul, which
     # uses AVX-512 on AMD and Intel alike), "prepacked" (the same on weights reordered once
     # into oneDNN's blocked layout: a packed copy beside the module's, counted in the memory
-    # profile), "torch" (F.linear: MKL's sgemm for fp32, which takes a slower path on AMD
-    # CPUs), "auto" (onednn where torch has it). GPUs use cuBLAS.
+    # profile), "streamed" (bf16 weights packed once into one sequential stream for tts's
+    # AVX512-BF16 kernel, executor/cpu_linear.py; other weights as prepacked), "torch"
+    # (F.linear: MKL's sgemm for fp32, which takes a slower path on AMD CPUs), "auto" (onednn
+    # where torch has it). GPUs use cuBLAS.
     linear_backend: str = "auto"
     # CPU: RMSNorm, rotary embedding and the gated activation as one C++ pass each
     # (executor/cpu_layer_ops.py), rounding where torch's eager ops round; off: the eager ops,

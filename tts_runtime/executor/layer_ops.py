@@ -53,12 +53,12 @@ class PrepackedLinear:
 
 
 def resolved_linear_backend(device: torch.device, config: EngineConfig) -> str:
-    """What `linear_backend` means on this device: "prepacked", "onednn", "torch", or
-    "cuda" (cuBLAS through F.linear)."""
+    """What `linear_backend` means on this device: "streamed", "prepacked", "onednn", "torch",
+    or "cuda" (cuBLAS through F.linear)."""
     if device.type == "cuda":
         return "cuda"
     backend = config.linear_backend
-    if backend in ("onednn", "prepacked") and not torch.backends.mkldnn.is_available():
+    if backend in ("onednn", "prepacked", "streamed") and not torch.backends.mkldnn.is_available():
         raise ConfigError(f"--linear-backend {backend} needs a torch built with oneDNN (mkldnn); "
                           "use --linear-backend torch")
     if backend == "auto":
@@ -67,9 +67,9 @@ def resolved_linear_backend(device: torch.device, config: EngineConfig) -> str:
 
 
 def packed_weight_bytes(model: nn.Module, samples: bool, device: torch.device, config: EngineConfig) -> int:
-    """Bytes the prepacked backend adds to a model's weights: its projections, and the output
-    layer where the engine samples."""
-    if resolved_linear_backend(device, config) != "prepacked":
+    """Bytes the prepacked and streamed backends add to a model's weights (a packed copy of
+    each): its projections, and the output layer where the engine samples."""
+    if resolved_linear_backend(device, config) not in ("prepacked", "streamed"):
         return 0
     weights = [m.weight for m in model.layers.modules() if isinstance(m, nn.Linear)]
     if samples:
@@ -80,7 +80,7 @@ def packed_weight_bytes(model: nn.Module, samples: bool, device: torch.device, c
 def layer_ops(device: torch.device, config: EngineConfig, models: Sequence[nn.Module]) -> LayerOps:
     """Fused Triton kernels on CUDA when `compile` is on; on the CPU the C++ elementwise ops
     (`cpu_fused_ops`, else torch's eager ops, bit-exact with HF) with the projections on
-    oneDNN (prepacked or plain) or torch (`linear_backend`)."""
+    oneDNN (prepacked or plain), tts's streamed bf16 kernel or torch (`linear_backend`)."""
     if device.type == "cuda":
         if config.compile:
             from tts_runtime.models.fused_ops import FUSED_OPS  # imports triton: CUDA only
@@ -91,7 +91,22 @@ def layer_ops(device: torch.device, config: EngineConfig, models: Sequence[nn.Mo
     backend = resolved_linear_backend(device, config)
     if backend == "torch":
         return ops
-    return replace(ops, linear=PrepackedLinear(models) if backend == "prepacked" else onednn_linear)
+    if backend == "onednn":
+        return replace(ops, linear=onednn_linear)
+    prepacked = PrepackedLinear(models)
+    return replace(ops, linear=streamed_linear(models, prepacked) if backend == "streamed" else prepacked)
+
+
+def streamed_linear(models: Sequence[nn.Module], fallback: PrepackedLinear):
+    """tts's bf16 kernel over `fallback`, or `fallback` alone (with a warning) where the kernel
+    cannot be built or the CPU lacks AVX512-BF16."""
+    from tts_runtime.executor.cpu_linear import StreamedLinear, load_linear_kernel
+
+    try:
+        return StreamedLinear(load_linear_kernel(), models, fallback)
+    except KernelUnavailable as exc:
+        log.warning("streamed linear kernel unavailable, using oneDNN on prepacked weights: %s", exc)
+        return fallback
 
 
 @functools.cache
