@@ -74,16 +74,36 @@ def test_backend_packs_the_models_own_bf16_weights_once_and_passes_the_rest_on(k
     linear = layer_ops(CPU, EngineConfig(linear_backend="streamed"), [model]).linear
     assert isinstance(linear, StreamedLinear)
     proj = model.layers[0].mlp.down_proj
-    x = torch.randn(2, 3, proj.weight.shape[1], generator=torch.Generator().manual_seed(3)).bfloat16()
+    # Two rows: within the kernel's row limit on every CPU.
+    x = torch.randn(2, 1, proj.weight.shape[1], generator=torch.Generator().manual_seed(3)).bfloat16()
     for _ in range(2):  # the first call packs, the second reuses the packed copy
         got = linear(x, proj.weight, None)
-        assert got.shape == (2, 3, proj.weight.shape[0])
-        _close_to_f_linear(got.view(6, -1), x.view(6, -1), proj.weight)
+        assert got.shape == (2, 1, proj.weight.shape[0])
+        _close_to_f_linear(got.view(2, -1), x.view(2, -1), proj.weight)
     assert len(linear._packed) == 1
     rows = model.output_weight[torch.tensor([5, 9, 11])]  # a PRM's candidate columns: oneDNN
     hidden = torch.randn(6, rows.shape[1], generator=torch.Generator().manual_seed(5)).bfloat16()
     torch.testing.assert_close(linear(hidden, rows, None), F.linear(hidden, rows))
     assert len(linear._packed) == 1
+
+
+def test_calls_above_the_row_limit_go_to_onednn(kernel, bf16_generator):
+    """On AMX CPUs oneDNN's tiles beat the kernel beyond a few rows: a limited backend packs
+    for the small calls and hands the large ones to its fallback unchanged."""
+    from tts_runtime.executor.cpu_linear import AMX_MAX_ROWS, StreamedLinear, row_limit
+
+    model = bf16_generator.model
+    fallback = PrepackedLinear([model])
+    linear = StreamedLinear(kernel, [model], fallback, max_rows=2)
+    proj = model.layers[0].mlp.gate_up_proj
+    generator = torch.Generator().manual_seed(6)
+    wide = torch.randn(16, proj.weight.shape[1], generator=generator).bfloat16()
+    torch.testing.assert_close(linear(wide, proj.weight, None), fallback(wide, proj.weight, None), rtol=0, atol=0)
+    assert not linear._packed
+    narrow = torch.randn(1, 2, proj.weight.shape[1], generator=generator).bfloat16()
+    _close_to_f_linear(linear(narrow, proj.weight, None).view(2, -1), narrow.view(2, -1), proj.weight)
+    assert len(linear._packed) == 1
+    assert row_limit() == (AMX_MAX_ROWS if torch.cpu._is_amx_tile_supported() else None)
 
 
 def test_fp32_models_run_as_prepacked(generator_model):

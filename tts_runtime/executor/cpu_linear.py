@@ -9,6 +9,14 @@ weights out of cache), 606 us a layer against oneDNN prepacked's 819 at one thre
 against 524 at two; at 256 and 1024 rows it is still 1.06x and 1.03x, so it serves every
 row count. Weights it cannot take (other dtypes, outputs not a multiple of 16, odd inputs,
 tensors made per call such as a PRM's candidate columns) go to oneDNN.
+
+Those measurements were on an AMD EPYC, which has AVX512-BF16 but no AMX. On a CPU with
+AMX tiles (Intel Sapphire Rapids and later) oneDNN's bf16 matmul runs on the tiles and
+overtakes the kernel early: SmolLM2's 1536x576 projection, 30 distinct weights, on an
+Intel Xeon with AMX, two threads: kernel 37 us at 1 row and 41 at 2 against prepacked
+oneDNN's 56 and 54, but 49 against 58 at 4 rows, 76 against 56 at 8 and 150 against 59 at
+16 (one thread: 73 against 95 at 1 row, 163 against 97 at 4). There the kernel serves calls
+of at most `AMX_MAX_ROWS` rows and the rest go to oneDNN.
 """
 
 from __future__ import annotations
@@ -21,6 +29,17 @@ import torch
 from torch import nn
 
 from tts_runtime.executor.cpu_extensions import KernelUnavailable, load_extension
+
+
+# On AMX CPUs the largest call the kernel still wins (see above).
+AMX_MAX_ROWS = 2
+
+
+def row_limit() -> int | None:
+    """Rows above which oneDNN is faster than the kernel on this CPU: None (every row count)
+    without AMX, `AMX_MAX_ROWS` with it."""
+    has_amx = getattr(torch.cpu, "_is_amx_tile_supported", None)
+    return AMX_MAX_ROWS if has_amx is not None and has_amx() else None
 
 
 @functools.cache
@@ -42,18 +61,21 @@ def streamable(weight: torch.Tensor) -> bool:
 class StreamedLinear:
     """The projections of `models` on the kernel, each weight packed on its first use (a copy
     beside the module's, counted by the memory profile like oneDNN's prepacked one); every
-    other call on `fallback`."""
+    other call, and every call of more than `max_rows` rows, on `fallback`."""
 
     def __init__(self, kernel: ModuleType, models: Sequence[nn.Module],
-                 fallback: Callable[[torch.Tensor, torch.Tensor, torch.Tensor | None], torch.Tensor]) -> None:
+                 fallback: Callable[[torch.Tensor, torch.Tensor, torch.Tensor | None], torch.Tensor],
+                 max_rows: int | None = None) -> None:
         self._kernel = kernel
         self._fallback = fallback
+        self._max_rows = max_rows
         self._weights = {id(p): p for model in models for p in model.parameters() if streamable(p)}
         self._packed: dict[int, torch.Tensor] = {}
 
     def __call__(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         key = id(weight)
-        if self._weights.get(key) is not weight or x.dtype != torch.bfloat16:
+        too_many_rows = self._max_rows is not None and x.numel() > self._max_rows * x.shape[-1]
+        if self._weights.get(key) is not weight or x.dtype != torch.bfloat16 or too_many_rows:
             return self._fallback(x, weight, bias)
         packed = self._packed.get(key)
         if packed is None:

@@ -98,12 +98,12 @@ def layer_ops(device: torch.device, config: EngineConfig, models: Sequence[nn.Mo
 
 
 def streamed_linear(models: Sequence[nn.Module], fallback: PrepackedLinear):
-    """tts's bf16 kernel over `fallback`, or `fallback` alone (with a warning) where the kernel
-    cannot be built or the CPU lacks AVX512-BF16."""
-    from tts_runtime.executor.cpu_linear import StreamedLinear, load_linear_kernel
+    """tts's bf16 kernel over `fallback` (on AMX CPUs for the few-row calls only), or `fallback`
+    alone (with a warning) where the kernel cannot be built or the CPU lacks AVX512-BF16."""
+    from tts_runtime.executor.cpu_linear import StreamedLinear, load_linear_kernel, row_limit
 
     try:
-        return StreamedLinear(load_linear_kernel(), models, fallback)
+        return StreamedLinear(load_linear_kernel(), models, fallback, row_limit())
     except KernelUnavailable as exc:
         log.warning("streamed linear kernel unavailable, using oneDNN on prepacked weights: %s", exc)
         return fallback
