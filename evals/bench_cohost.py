@@ -70,13 +70,15 @@ class CohostBench:
     dataset_path: str | None = None
     memory: MemoryConfig = field(default_factory=MemoryConfig)
     device: str = "auto"
+    dtype: str = "auto"  # both models, every variant (tts_runtime.config.resolve_dtype)
+    linear_backend: str = "auto"  # EngineConfig.linear_backend, every variant
     thresholds: CohostConfig = field(default_factory=CohostConfig)  # the batched variants' buffers
     variants: tuple[str, ...] = tuple(VARIANTS)
 
 
 def _measure(bench: CohostBench, models: tuple[LoadedModel, LoadedModel], problems: Sequence[Problem],
              cohost: CohostConfig, variant: Variant) -> dict[str, Any]:
-    engine_config = EngineConfig(device=bench.device, cohost=cohost,
+    engine_config = EngineConfig(device=bench.device, cohost=cohost, linear_backend=bench.linear_backend,
                                  scheduler=SchedulerConfig(prefix_aware_order=variant.prefix_order))
     config = replace(bench.config, speculative_extension=variant.speculation)
     runtime = Runtime(*models, memory=bench.memory, engine_config=engine_config)
@@ -121,14 +123,18 @@ def bench_cohost(bench: CohostBench, *, command: Sequence[str], log: Callable[[s
 
     side.run({label: variant(label) for label in bench.variants}, bench.rounds)
     rows = [_row(side, label, len(problems)) for label in bench.variants]
+    ceilings = speedup_ceilings({row["variant"]: row for row in rows})
     summary = {"problems": len(problems), "rounds": bench.rounds, "search": bench.config.to_dict(),
                "thresholds": vars(bench.thresholds), "device": str(device),
-               "torch_threads": torch.get_num_threads(),
+               "torch_threads": torch.get_num_threads(), "dtype": str(models[0].model.output_weight.dtype),
+               "linear_backend": bench.linear_backend, "ceilings": ceilings,
                **{f"speedup {row['variant']}": row["speedup"] for row in rows if row["variant"] != BASELINE}}
     config = bench.config
     notes = [f"{len(problems)} MATH-500 problems, beam search n={config.n} M={config.beam_width}, "
              f"{config.num_iterations} iterations, step cap {config.max_step_tokens} tokens, last-iteration cap "
-             f"{config.max_tokens}, problem batch {config.problem_batch}, T={config.temperature}, seed {config.seed}; "
+             f"{config.max_tokens}, problem batch {config.problem_batch}, T={config.temperature}, seed {config.seed}, "
+             f"both models in {str(models[0].model.output_weight.dtype).removeprefix('torch.')}, linear backend "
+             f"{bench.linear_backend}; "
              f"{bench.rounds} alternating rounds, medians.",
              "goodput = tokens of the finished solutions per second (discarded speculation is not counted); "
              "hit rate = share of each engine's prompt tokens served from its prefix cache.",
@@ -144,9 +150,41 @@ def bench_cohost(bench: CohostBench, *, command: Sequence[str], log: Callable[[s
              f"water {bench.thresholds.generator_low_water}, generator buffer "
              f"{bench.thresholds.generator_buffer_seqs} sequences.",
              "The machine may be shared with other work: ratios from alternating rounds, not absolute times, "
-             "are the result."]
+             "are the result.", *_ceiling_notes(ceilings)]
     return write_report("cohost", "Co-hosting the pair: phase policy and overlapped generator + PRM",
                         " ".join(command), summary, rows, notes)
+
+
+def speedup_ceilings(rows: dict[str, dict[str, Any]]) -> dict[str, float]:
+    """Upper bounds on what scheduling the same forwards can gain, from measured busy fractions.
+
+    `one_process`: the engines' forwards run one after the other, so a policy that leaves
+    their work unchanged cannot finish faster than the alternating run's forwards took.
+    With the overlap variant's busy fractions (each engine alone on its worker's threads):
+    `overlap`, the run cannot be shorter than the slower engine's forwards; `any_schedule`,
+    it cannot be shorter than both engines' forwards packed perfectly onto the workers side
+    by side (a forward on fewer threads uses each thread at least as well). Busy intervals
+    include transfers, so both overlapped bounds are slight underestimates."""
+    base = rows[BASELINE]
+    ceilings = {"one_process": 1 / (base["generator_busy"] + base["prm_busy"])}
+    if "overlap" in rows:
+        overlap = rows["overlap"]
+        busy = (overlap["generator_busy"], overlap["prm_busy"])
+        ceilings["overlap"] = overlap["speedup"] / max(busy)
+        ceilings["any_schedule"] = overlap["speedup"] * len(busy) / sum(busy)
+    return ceilings
+
+
+def _ceiling_notes(ceilings: dict[str, float]) -> list[str]:
+    notes = [f"Ceiling in one process: {ceilings['one_process']:.2f}x. The alternating run's forwards fill "
+             f"{1 / ceilings['one_process']:.0%} of its time, so phases, speculation and ordering can gain "
+             "more only by making the forwards themselves cheaper (bigger batches, fewer tokens recomputed)."]
+    if "overlap" in ceilings:
+        notes.append(f"Ceilings overlapped: {ceilings['overlap']:.2f}x with each engine on its own worker (the "
+                     f"slower engine's forwards bound the run), {ceilings['any_schedule']:.2f}x for any schedule "
+                     "of the same forwards on these cores (both engines' one-worker forward time packed "
+                     "perfectly side by side).")
+    return notes
 
 
 def _row(side: SideBySide, label: str, problems: int) -> dict[str, Any]:

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import pytest
 
+from evals.bench_cohost import speedup_ceilings
 from evals.datasets import load_problems
 from memory.split import MemoryConfig
 from search import SearchConfig, run_search
@@ -180,3 +181,18 @@ def test_batched_phases_switch_only_when_a_side_runs_dry(policy_runs):
     assert batched.transitions <= 2 * SEEDED.num_iterations - 1
     assert batched.transitions <= alternate.transitions
     assert batched.prm.sequences / batched.prm.forwards >= alternate.prm.sequences / alternate.prm.forwards
+
+
+def test_cohost_bench_ceilings_follow_from_the_busy_fractions():
+    """The 20-problem run of docs/benchmarks/cohost.md: the alternating run's forwards
+    filled 97.8% of it (one process can gain at most 1.02x), and overlapped, the generator's
+    one-thread forwards alone took 90.3% of a run that was 0.798x as fast (at most 0.88x), and
+    both engines' one-thread forwards packed onto the two cores would still take 0.87 of the
+    alternating run (at most 1.15x)."""
+    rows = {"alternate": {"speedup": 1.0, "generator_busy": 0.648, "prm_busy": 0.330},
+            "overlap": {"speedup": 0.798, "generator_busy": 0.903, "prm_busy": 0.490}}
+    ceilings = speedup_ceilings(rows)
+    assert ceilings["one_process"] == pytest.approx(1.022, abs=1e-3)
+    assert ceilings["overlap"] == pytest.approx(0.884, abs=1e-3)
+    assert ceilings["any_schedule"] == pytest.approx(1.146, abs=1e-3)
+    assert "overlap" not in speedup_ceilings({"alternate": rows["alternate"]})

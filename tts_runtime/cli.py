@@ -625,6 +625,9 @@ def bench_cohost_command(
     generator_buffer_seqs: Annotated[int, typer.Option()] = _C.generator_buffer_seqs,
     dataset_path: Annotated[Optional[str], typer.Option()] = None,
     device: Annotated[str, typer.Option(help="auto, cpu, cuda ...")] = "auto",
+    dtype: Annotated[str, typer.Option(help=DTYPE_HELP + " Every variant.")] = "auto",
+    linear_backend: Annotated[str, typer.Option(help="CPU projections, every variant: auto, onednn, "
+                                                     "prepacked, streamed, torch (see tts beam).")] = "auto",
     device_memory: Annotated[Optional[str], typer.Option(help="Memory budget for both models.")] = "3GiB",
 ) -> None:
     """Phase policy (alternate vs batched), overlap, speculative extension and prefix-aware ordering,
@@ -642,10 +645,11 @@ def bench_cohost_command(
                           seed=seed)
     thresholds = CohostConfig(prm_buffer_tokens=prm_buffer_tokens, generator_low_water=generator_low_water,
                               generator_buffer_seqs=generator_buffer_seqs)
-    resolve_device(device)
+    resolve_dtype(dtype, resolve_device(device))
+    EngineConfig(linear_backend=linear_backend)  # an unknown backend: one line now, not after loading
     bench = CohostBench(config=config, limit=limit, rounds=rounds, dataset_path=dataset_path,
-                        memory=_memory_config(device_memory, 0.3, "static"), device=device,
-                        thresholds=thresholds, variants=tuple(chosen))
+                        memory=_memory_config(device_memory, 0.3, "static"), device=device, dtype=dtype,
+                        linear_backend=linear_backend, thresholds=thresholds, variants=tuple(chosen))
     path = bench_cohost(bench, command=["tts", *sys.argv[1:]], log=console.print)
     typer.echo(path.read_text())
 
