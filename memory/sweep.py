@@ -80,6 +80,7 @@ SWEEP_COLUMNS = (
     "preemptions",
     "peak_memory_bytes",  # GPU: torch peak allocated; CPU: process peak RSS (VmHWM)
     "chunks_moved",  # elastic: KV chunks moved between the models
+    "phase_seconds",  # seconds of each workload phase, in order (medians over repeats)
     "error",  # why the setting could not run the workload (a request larger than its pool); else empty
 )
 THESIS_BEST_SPLIT = 0.3
@@ -215,6 +216,7 @@ def run_setting(setting: SweepSetting, models: SweepModels, phases: list[Workloa
     row["preemptions"] = row["generator_preemptions"] + row["prm_preemptions"]
     row["peak_memory_bytes"] = peak.read()
     row["chunks_moved"] = metrics["elastic"]["chunks_moved"] if metrics["elastic"] else 0
+    row["phase_seconds"] = [] if error else [mark["seconds"] for mark in phase_marks]
     row["error"] = error
     runtime.shutdown()
     return row, metrics
@@ -266,7 +268,7 @@ class SweepParallel:
 
 def _failed_row(setting: SweepSetting, error: str) -> dict:
     row = {column: 0 for column in SWEEP_COLUMNS}
-    return {**row, "setting": setting.label, "policy": setting.policy,
+    return {**row, "setting": setting.label, "policy": setting.policy, "phase_seconds": [],
             "prm_fraction": setting.prm_fraction or 0.0, "error": error}
 
 
@@ -343,8 +345,10 @@ def run_sweep(settings: list[SweepSetting], models: SweepModels, phases: list[Wo
 
 def _median_row(runs: list[dict]) -> dict:
     first = runs[0]
-    return {k: statistics.median(r[k] for r in runs) if isinstance(first[k], (int, float)) else first[k]
-            for k in SWEEP_COLUMNS}
+    row = {k: statistics.median(r[k] for r in runs) if isinstance(first[k], (int, float)) else first[k]
+           for k in SWEEP_COLUMNS}
+    row["phase_seconds"] = [statistics.median(phase) for phase in zip(*(r["phase_seconds"] for r in runs))]
+    return row
 
 
 def _summary(rows: list[dict]) -> dict:
@@ -358,7 +362,20 @@ def _summary(rows: list[dict]) -> dict:
         for row in rows:
             if row["policy"] != "static":
                 summary[f"{row['policy']}_vs_best_static"] = row["problems_per_s"] / best_static["problems_per_s"]
+        switching = phase_switching_seconds(static)
+        if switching is not None:
+            summary["phase_switching_gain"] = sum(best_static["phase_seconds"]) / switching
     return summary
+
+
+def phase_switching_seconds(static_rows: list[dict]) -> float | None:
+    """A shifting workload's time if each phase ran at the static split fastest in it (an
+    oracle that re-splits at the phase boundary): how much any policy that moves memory
+    only between phases could gain. None for a one-phase workload."""
+    phases = list(zip(*(row["phase_seconds"] for row in static_rows)))
+    if len(phases) < 2:
+        return None
+    return sum(min(seconds) for seconds in phases)
 
 
 def timeline_labels(rows: list[dict]) -> list[str]:
@@ -412,6 +429,17 @@ def format_table(rows: list[dict]) -> str:
     return "\n".join("  ".join(c.rjust(w) for c, w in zip(line, widths)) for line in cells)
 
 
+def _phase_table(rows: list[dict], phases: list[str]) -> str:
+    """Seconds per workload phase and setting (medians over repeats)."""
+    lines = ["| setting | " + " | ".join(phases) + " | total |", "|---" * (len(phases) + 2) + "|"]
+    for row in rows:
+        if not row["error"]:
+            seconds = row["phase_seconds"]
+            lines.append(f"| {row['setting']} | " + " | ".join(f"{s:.1f}" for s in seconds)
+                         + f" | {sum(seconds):.1f} |")
+    return "\n".join(lines)
+
+
 def write_markdown(result: SweepResult, header: dict, plots: list[Path], path: Path) -> Path:
     """The benchmark report: table, plots (copied beside the report), machine, command, thesis."""
     plot_dir = path.parent / path.stem
@@ -438,6 +466,7 @@ def write_markdown(result: SweepResult, header: dict, plots: list[Path], path: P
                       f"{p['phase']}: {p['problems']} problems, {p['search']['method']} n={p['search']['n']}, "
                       f"{p['search']['num_iterations']} iterations of {p['search']['max_step_tokens']} tokens, "
                       f"cap {p['search']['max_tokens']}" for p in header["workload_phases"]) + ".", ""]
+        lines += [_phase_table(rows, [p["phase"] for p in header["workload_phases"]]), ""]
     lines += [f"- {r['setting']} could not run the workload: {r['error']}" for r in rows if r["error"]]
     lines += ["", f"Best setting: **{summary['best']}** ({summary['best_problems_per_s']:.4f} problems/s)."]
     if "best_static" in summary:
@@ -451,6 +480,10 @@ def write_markdown(result: SweepResult, header: dict, plots: list[Path], path: P
                 verdict = "meets" if summary[key] >= target else "misses"
                 lines.append(f"{policy}: {summary[key]:.3f} x the best static split's problems/s "
                              f"({verdict} the target of >= {target:.2f}).")
+        if "phase_switching_gain" in summary:
+            lines.append(f"The fastest static split of each phase, switched at the boundary: "
+                         f"{summary['phase_switching_gain']:.3f} x the best static split (how far "
+                         f"apart the phases' needs are).")
     if result.timelines():  # block events exist (not on vLLM)
         lookups = sum(m[name]["lookups"] for m in result.metrics.values() for name in ("generator", "prm"))
         thrash = sum(m[name]["thrash_events"] for m in result.metrics.values() for name in ("generator", "prm"))

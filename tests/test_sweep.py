@@ -12,7 +12,7 @@ import typer
 from typer.testing import CliRunner
 
 import memory.sweep as sweep
-from memory.sweep import SWEEP_COLUMNS, sweep_memory
+from memory.sweep import SWEEP_COLUMNS, phase_switching_seconds, sweep_memory
 from tts_runtime.config import ConfigError
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -93,8 +93,23 @@ def test_shifting_workload_runs_both_phases_in_order_on_one_runtime(cli, math500
         marks = payload["settings"][setting]["phases"]
         assert [m["phase"] for m in marks] == ["generator-heavy", "prm-heavy"]
         assert marks[0]["first_step"] == 0 < marks[1]["first_step"] and all(m["seconds"] > 0 for m in marks)
+        row = next(r for r in payload["rows"] if r["setting"] == setting)
+        assert row["phase_seconds"] == [m["seconds"] for m in marks]  # one repeat: its own times
+    # One static split is every phase's fastest: switching at the boundary gains nothing.
+    assert payload["summary"]["phase_switching_gain"] == 1.0
     assert (out / "blocks_over_steps.png").read_bytes()[:8] == PNG_MAGIC
-    assert "](sweep/blocks_over_steps.png)" in (tmp_path / "sweep.md").read_text()
+    report = (tmp_path / "sweep.md").read_text()
+    assert "](sweep/blocks_over_steps.png)" in report
+    assert "| setting | generator-heavy | prm-heavy | total |" in report
+
+
+def test_phase_switching_takes_each_phases_fastest_static_split():
+    """docs/benchmarks/memory_shifting.md's 2.0 GiB run: 0.2 is fastest in the generator-heavy
+    phase, 0.6 in the PRM-heavy one; switching between them would take 100.4 s against the
+    best single split's 106.4 (1.06x)."""
+    rows = [{"phase_seconds": [40.9, 65.5]}, {"phase_seconds": [47.1, 62.1]}, {"phase_seconds": [55.7, 59.5]}]
+    assert phase_switching_seconds(rows) == pytest.approx(100.4)
+    assert phase_switching_seconds([{"phase_seconds": [97.0]}]) is None
 
 
 @pytest.mark.parametrize("args, message", [
