@@ -123,7 +123,7 @@ def bench_cohost(bench: CohostBench, *, command: Sequence[str], log: Callable[[s
 
     side.run({label: variant(label) for label in bench.variants}, bench.rounds)
     rows = [_row(side, label, len(problems)) for label in bench.variants]
-    ceilings = speedup_ceilings({row["variant"]: row for row in rows})
+    ceilings = speedup_ceilings({row["variant"]: row for row in rows}, cores_split=device.type == "cpu")
     summary = {"problems": len(problems), "rounds": bench.rounds, "search": bench.config.to_dict(),
                "thresholds": vars(bench.thresholds), "device": str(device),
                "torch_threads": torch.get_num_threads(), "dtype": str(models[0].model.output_weight.dtype),
@@ -155,23 +155,26 @@ def bench_cohost(bench: CohostBench, *, command: Sequence[str], log: Callable[[s
                         " ".join(command), summary, rows, notes)
 
 
-def speedup_ceilings(rows: dict[str, dict[str, Any]]) -> dict[str, float]:
+def speedup_ceilings(rows: dict[str, dict[str, Any]], cores_split: bool) -> dict[str, float]:
     """Upper bounds on what scheduling the same forwards can gain, from measured busy fractions.
 
     `one_process`: the engines' forwards run one after the other, so a policy that leaves
     their work unchanged cannot finish faster than the alternating run's forwards took.
     With the overlap variant's busy fractions (each engine alone on its worker's threads):
-    `overlap`, the run cannot be shorter than the slower engine's forwards; `any_schedule`,
-    it cannot be shorter than both engines' forwards packed perfectly onto the workers side
-    by side (a forward on fewer threads uses each thread at least as well). Busy intervals
-    include transfers, so both overlapped bounds are slight underestimates."""
+    `overlap`, the run cannot be shorter than the slower engine's forwards; and where the
+    workers split the cores between them (`cores_split`, CPU), `any_schedule`: it cannot be
+    shorter than both engines' forwards packed perfectly onto the workers side by side (a
+    forward on fewer threads uses each thread at least as well). (CUDA streams share the
+    whole device, so no such packing bound holds there.) Busy intervals include transfers,
+    so the overlapped bounds are slight underestimates."""
     base = rows[BASELINE]
     ceilings = {"one_process": 1 / (base["generator_busy"] + base["prm_busy"])}
     if "overlap" in rows:
         overlap = rows["overlap"]
         busy = (overlap["generator_busy"], overlap["prm_busy"])
         ceilings["overlap"] = overlap["speedup"] / max(busy)
-        ceilings["any_schedule"] = overlap["speedup"] * len(busy) / sum(busy)
+        if cores_split:
+            ceilings["any_schedule"] = overlap["speedup"] * len(busy) / sum(busy)
     return ceilings
 
 
@@ -180,10 +183,11 @@ def _ceiling_notes(ceilings: dict[str, float]) -> list[str]:
              f"{1 / ceilings['one_process']:.0%} of its time, so phases, speculation and ordering can gain "
              "more only by making the forwards themselves cheaper (bigger batches, fewer tokens recomputed)."]
     if "overlap" in ceilings:
-        notes.append(f"Ceilings overlapped: {ceilings['overlap']:.2f}x with each engine on its own worker (the "
-                     f"slower engine's forwards bound the run), {ceilings['any_schedule']:.2f}x for any schedule "
-                     "of the same forwards on these cores (both engines' one-worker forward time packed "
-                     "perfectly side by side).")
+        notes.append(f"Ceiling overlapped: {ceilings['overlap']:.2f}x with each engine on its own worker (the "
+                     "slower engine's forwards bound the run).")
+    if "any_schedule" in ceilings:
+        notes.append(f"Ceiling of any schedule of the same forwards on these cores: {ceilings['any_schedule']:.2f}x "
+                     "(both engines' one-worker forward time packed perfectly side by side).")
     return notes
 
 
