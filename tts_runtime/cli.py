@@ -186,7 +186,8 @@ def _make_search_command(method: str, summary: str) -> None:
                                                          "on weights reordered once: faster decode, a packed "
                                                          "copy in the memory budget), streamed (bf16 models: "
                                                          "tts's AVX512-BF16 kernel on weights packed once into "
-                                                         "one sequential stream, the fastest; same memory as "
+                                                         "one sequential stream, the fastest without AMX; on "
+                                                         "AMX CPUs only for calls of 1-2 rows; same memory as "
                                                          "prepacked), or torch (F.linear).")] = "auto",
         cpu_fused_ops: Annotated[bool, typer.Option(help="CPU: RMSNorm, rotary embedding and the gated "
                                                          "activation as one C++ pass each (off: torch's eager "
