@@ -56,6 +56,8 @@ def _one_line_error(result, fragment: str) -> None:
     (["beam", "--limit", "1", "--linear-backend", "mkl"], "unknown --linear-backend 'mkl'"),
     (["beam", "--limit", "1", "--dtype", "int8"], "unknown dtype 'int8'"),
     (["bench", "search", "--dtype", "fp8"], "unknown dtype 'fp8'"),
+    (["bench", "cohost", "--dtype", "int8"], "unknown dtype 'int8'"),
+    (["bench", "cohost", "--linear-backend", "fast"], "unknown --linear-backend 'fast'"),
 ])
 def test_bad_input_is_one_line(args, fragment, math500_path):
     _one_line_error(_invoke(args, TTS_DATA_DIR=str(math500_path.parents[1])), fragment)
