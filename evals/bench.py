@@ -87,10 +87,10 @@ def _fmt(value) -> str:
     return str(value)
 
 
-def search_inputs(bench, log: Callable[[str], None]) -> tuple[list, torch.device, tuple]:
+def search_inputs(bench, log: Callable[[str], None], dtype: str = "auto") -> tuple[list, torch.device, tuple]:
     """The first `bench.limit` MATH-500 problems, the device, and the generator and PRM loaded
-    once for every variant (a bench config with dataset_path, limit, device, generator, prm,
-    and optionally dtype)."""
+    once, in `dtype`, for every variant (a bench config with dataset_path, limit, device,
+    generator, prm)."""
     from evals.datasets import load_problems
     from tts_runtime.config import resolve_device, resolve_dtype
     from tts_runtime.models.loader import load_model
@@ -98,6 +98,5 @@ def search_inputs(bench, log: Callable[[str], None]) -> tuple[list, torch.device
     problems = load_problems("math500", dataset_path=bench.dataset_path, limit=bench.limit)
     device = resolve_device(bench.device)
     log(f"loading {bench.generator} + {bench.prm} ...")
-    dtype = resolve_dtype(getattr(bench, "dtype", "auto"), device)
-    models = tuple(load_model(name, dtype, device) for name in (bench.generator, bench.prm))
+    models = tuple(load_model(name, resolve_dtype(dtype, device), device) for name in (bench.generator, bench.prm))
     return problems, device, models

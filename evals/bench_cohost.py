@@ -107,7 +107,8 @@ def _measure(bench: CohostBench, models: tuple[LoadedModel, LoadedModel], proble
 
 
 def bench_cohost(bench: CohostBench, *, command: Sequence[str], log: Callable[[str], None]) -> Path:
-    problems, device, models = search_inputs(bench, log)
+    problems, device, models = search_inputs(bench, log, bench.dtype)
+    dtype = str(models[0].model.output_weight.dtype).removeprefix("torch.")
     side = SideBySide("cohost")
 
     def variant(label: str) -> Callable[[], dict]:
@@ -126,14 +127,14 @@ def bench_cohost(bench: CohostBench, *, command: Sequence[str], log: Callable[[s
     ceilings = speedup_ceilings({row["variant"]: row for row in rows}, cores_split=device.type == "cpu")
     summary = {"problems": len(problems), "rounds": bench.rounds, "search": bench.config.to_dict(),
                "thresholds": vars(bench.thresholds), "device": str(device),
-               "torch_threads": torch.get_num_threads(), "dtype": str(models[0].model.output_weight.dtype),
+               "torch_threads": torch.get_num_threads(), "dtype": dtype,
                "linear_backend": bench.linear_backend, "ceilings": ceilings,
                **{f"speedup {row['variant']}": row["speedup"] for row in rows if row["variant"] != BASELINE}}
     config = bench.config
     notes = [f"{len(problems)} MATH-500 problems, beam search n={config.n} M={config.beam_width}, "
              f"{config.num_iterations} iterations, step cap {config.max_step_tokens} tokens, last-iteration cap "
              f"{config.max_tokens}, problem batch {config.problem_batch}, T={config.temperature}, seed {config.seed}, "
-             f"both models in {str(models[0].model.output_weight.dtype).removeprefix('torch.')}, linear backend "
+             f"both models in {dtype}, linear backend "
              f"{bench.linear_backend}; "
              f"{bench.rounds} alternating rounds, medians.",
              "goodput = tokens of the finished solutions per second (discarded speculation is not counted); "
