@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +32,7 @@ from search.config import SearchConfig
 from search.driver import run_search
 from search.problem import Problem
 from tts_runtime.config import CohostConfig, EngineConfig, SchedulerConfig
+from tts_runtime.engine.forward_costs import widest_forward_seconds
 from tts_runtime.models.loader import LoadedModel
 from tts_runtime.overlap import worker_threads
 from tts_runtime.runtime import Runtime
@@ -88,13 +89,18 @@ def _measure(bench: CohostBench, models: tuple[LoadedModel, LoadedModel], proble
         start = time.perf_counter()
         results = run_search(runtime, problems, config)
         seconds = time.perf_counter() - start
-        report = (runtime.cohost_counters() - before).report(seconds, cohost)
+        counters = runtime.cohost_counters() - before
+        report = counters.report(seconds, cohost)
         hit_rates = {name: (EngineCounters.read(engine) - engines_before[name]).prefix_hit_rate
                      for name, engine in runtime.engines.items()}
     finally:
         runtime.shutdown()
     gen, prm = report["generator"], report["prm"]
     spec = speculation(results, seconds)
+    # Every beam in flight in one forward, within the engine's token budget.
+    widest = {name: widest_forward_seconds(engine.forward_costs, config.n * config.problem_batch,
+                                           engine_config.scheduler.max_num_batched_tokens)
+              for name, engine in (("generator", counters.generator), ("prm", counters.prm))}
     return {"seconds": seconds, "problems_per_min": 60 * len(results) / seconds,
             "goodput": spec["goodput_tokens_per_s"], "speculative_kept": spec["kept_tokens"],
             "speculative_discarded": spec["discarded_tokens"],
@@ -103,6 +109,9 @@ def _measure(bench: CohostBench, models: tuple[LoadedModel, LoadedModel], proble
             "prm_batch_tokens": prm["mean_batch_tokens"], "generator_forwards": gen["forwards"],
             "prm_forwards": prm["forwards"], "transitions": report["phase_transitions"],
             "generator_busy": gen["busy_fraction"], "prm_busy": prm["busy_fraction"],
+            "busy_if_widest": sum(part or 0.0 for part in widest.values()) / seconds,
+            "forward_costs": {name: asdict(fit) if (fit := engine.forward_costs.fit()) else None
+                              for name, engine in (("generator", counters.generator), ("prm", counters.prm))},
             "predictions": {r.id: r.prediction for r in results}}
 
 
@@ -129,6 +138,7 @@ def bench_cohost(bench: CohostBench, *, command: Sequence[str], log: Callable[[s
                "thresholds": vars(bench.thresholds), "device": str(device),
                "torch_threads": torch.get_num_threads(), "dtype": dtype,
                "linear_backend": bench.linear_backend, "ceilings": ceilings,
+               "alternate_forward_costs": side.runs[BASELINE][0]["forward_costs"],
                **{f"speedup {row['variant']}": row["speedup"] for row in rows if row["variant"] != BASELINE}}
     config = bench.config
     notes = [f"{len(problems)} MATH-500 problems, beam search n={config.n} M={config.beam_width}, "
@@ -151,7 +161,7 @@ def bench_cohost(bench: CohostBench, *, command: Sequence[str], log: Callable[[s
              f"water {bench.thresholds.generator_low_water}, generator buffer "
              f"{bench.thresholds.generator_buffer_seqs} sequences.",
              "The machine may be shared with other work: ratios from alternating rounds, not absolute times, "
-             "are the result.", *_ceiling_notes(ceilings)]
+             "are the result.", *_ceiling_notes(ceilings), _forward_cost_note(summary["alternate_forward_costs"])]
     return write_report("cohost", "Co-hosting the pair: phase policy and overlapped generator + PRM",
                         " ".join(command), summary, rows, notes)
 
@@ -161,6 +171,12 @@ def speedup_ceilings(rows: dict[str, dict[str, Any]], cores_split: bool) -> dict
 
     `one_process`: the engines' forwards run one after the other, so a policy that leaves
     their work unchanged cannot finish faster than the alternating run's forwards took.
+    `widest_forwards` lets the policy change the forwards too: the alternating run's decodes
+    and prefill tokens, each engine's in forwards as wide as the search allows (every beam
+    in flight, within the token budget), each forward costing what the fit of that engine's
+    forwards in the run says (engine/forward_costs.py), the time outside forwards unchanged.
+    It is an estimate from a linear cost model, not a hard bound, and an optimistic one: a
+    beam search's steps end at different lengths, so no schedule keeps every beam in one batch.
     With the overlap variant's busy fractions (each engine alone on its worker's threads):
     `overlap`, the run cannot be shorter than the slower engine's forwards; and where the
     workers split the cores between them (`cores_split`, CPU), `any_schedule`: it cannot be
@@ -169,7 +185,8 @@ def speedup_ceilings(rows: dict[str, dict[str, Any]], cores_split: bool) -> dict
     whole device, so no such packing bound holds there.) Busy intervals include transfers,
     so the overlapped bounds are slight underestimates."""
     base = rows[BASELINE]
-    ceilings = {"one_process": 1 / (base["generator_busy"] + base["prm_busy"])}
+    busy = base["generator_busy"] + base["prm_busy"]
+    ceilings = {"one_process": 1 / busy, "widest_forwards": 1 / (1 - busy + base["busy_if_widest"])}
     if "overlap" in rows:
         overlap = rows["overlap"]
         busy = (overlap["generator_busy"], overlap["prm_busy"])
@@ -183,6 +200,10 @@ def _ceiling_notes(ceilings: dict[str, float]) -> list[str]:
     notes = [f"Ceiling in one process: {ceilings['one_process']:.2f}x. The alternating run's forwards fill "
              f"{1 / ceilings['one_process']:.0%} of its time, so phases, speculation and ordering can gain "
              "more only by making the forwards themselves cheaper (bigger batches, fewer tokens recomputed)."]
+    notes.append(f"Ceiling with the widest forwards: {ceilings['widest_forwards']:.2f}x: the alternating run's "
+                 "tokens, every beam in flight in one forward (within the token budget), each forward costing "
+                 "what a least-squares fit of the engine's forwards in that run gives (fixed + per decode + per "
+                 "prefill token); busy_if_widest is that time's share of each run.")
     if "overlap" in ceilings:
         notes.append(f"Ceiling overlapped: {ceilings['overlap']:.2f}x with each engine on its own worker (the "
                      "slower engine's forwards bound the run).")
@@ -190,6 +211,13 @@ def _ceiling_notes(ceilings: dict[str, float]) -> list[str]:
         notes.append(f"Ceiling of any schedule of the same forwards on these cores: {ceilings['any_schedule']:.2f}x "
                      "(both engines' one-worker forward time packed perfectly side by side).")
     return notes
+
+
+def _forward_cost_note(costs: dict[str, dict | None]) -> str:
+    parts = [f"{name} {cost['fixed_seconds'] * 1e3:.1f} ms + {cost['seconds_per_decode'] * 1e3:.2f} ms per decode "
+             f"+ {cost['seconds_per_prefill_token'] * 1e3:.3f} ms per prefill token"
+             for name, cost in costs.items() if cost is not None]
+    return "Forward cost fitted on the first alternating round: " + "; ".join(parts) + "."
 
 
 def _row(side: SideBySide, label: str, problems: int) -> dict[str, Any]:
@@ -209,5 +237,6 @@ def _row(side: SideBySide, label: str, problems: int) -> dict[str, Any]:
             "prm_batch_tokens": median(label, "prm_batch_tokens"),
             "transitions": median(label, "transitions"),
             "generator_busy": median(label, "generator_busy"), "prm_busy": median(label, "prm_busy"),
+            "busy_if_widest": median(label, "busy_if_widest"),
             "same_prediction_as_alternate": f"{same}/{problems}",
             "problems_per_min_each_round": [round(run["problems_per_min"], 3) for run in runs]}

@@ -188,13 +188,15 @@ def test_cohost_bench_ceilings_follow_from_the_busy_fractions():
     filled 97.8% of it (one process can gain at most 1.02x), and overlapped, the generator's
     one-thread forwards alone took 90.3% of a run that was 0.798x as fast (at most 0.88x), and
     both engines' one-thread forwards packed onto the two cores would still take 0.87 of the
-    alternating run (at most 1.15x)."""
-    rows = {"alternate": {"speedup": 1.0, "generator_busy": 0.648, "prm_busy": 0.330},
+    alternating run (at most 1.15x). Were the same tokens run in the widest forwards, taking
+    0.6 of the alternating run instead of its 0.978, it would gain 1/(0.022 + 0.6)."""
+    rows = {"alternate": {"speedup": 1.0, "generator_busy": 0.648, "prm_busy": 0.330, "busy_if_widest": 0.6},
             "overlap": {"speedup": 0.798, "generator_busy": 0.903, "prm_busy": 0.490}}
     ceilings = speedup_ceilings(rows, cores_split=True)
     assert ceilings["one_process"] == pytest.approx(1.022, abs=1e-3)
     assert ceilings["overlap"] == pytest.approx(0.884, abs=1e-3)
     assert ceilings["any_schedule"] == pytest.approx(1.146, abs=1e-3)
+    assert ceilings["widest_forwards"] == pytest.approx(1 / 0.622, abs=1e-3)
     assert "overlap" not in speedup_ceilings({"alternate": rows["alternate"]}, cores_split=True)
     # CUDA streams share the whole device: no packing bound there.
     assert "any_schedule" not in speedup_ceilings(rows, cores_split=False)

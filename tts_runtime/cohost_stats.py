@@ -8,6 +8,7 @@ from dataclasses import dataclass, fields
 
 from tts_runtime.config import CohostConfig
 from tts_runtime.engine.engine import Engine
+from tts_runtime.engine.forward_costs import ForwardCostSums
 
 
 @dataclass(frozen=True)
@@ -16,11 +17,13 @@ class EngineCounters:
     sequences: int = 0  # sequences summed over those microbatches
     tokens: int = 0  # tokens computed
     busy_seconds: float = 0.0  # time with a forward in flight (launch to result)
+    forward_costs: ForwardCostSums = ForwardCostSums()
 
     @classmethod
     def read(cls, engine: Engine) -> EngineCounters:
         stats = engine.stats
-        return cls(stats.steps, sum(stats.batch_seqs), stats.computed_tokens, engine.busy.seconds)
+        return cls(stats.steps, sum(stats.batch_seqs), stats.computed_tokens, engine.busy.seconds,
+                   stats.forward_costs)
 
     def __sub__(self, other: EngineCounters) -> EngineCounters:
         return EngineCounters(**{f.name: getattr(self, f.name) - getattr(other, f.name) for f in fields(self)})

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import time
 from collections import deque
 from concurrent.futures import Future
 from dataclasses import dataclass, field
@@ -16,6 +17,7 @@ from tts_runtime.engine.batch_builder import BatchLayout, build_model_input
 from tts_runtime.engine.block_manager import ROOT_HASH, BlockManager
 from tts_runtime.engine.detokenizer import IncrementalDetokenizer
 from tts_runtime.engine.events import BlockEventListener
+from tts_runtime.engine.forward_costs import ForwardCostSums
 from tts_runtime.engine.host_tier import TieredKV
 from tts_runtime.engine.request import CompletionOutput, RequestOutput, SamplingParams, ScoreParams
 from tts_runtime.executor.sampler import SamplingRow, child_seed, sample
@@ -34,6 +36,13 @@ class _Microbatch:
     layout: BatchLayout
     plan: SamplePlan
     future: Future[ModelOutput]
+    decodes: int
+    prefill_tokens: int
+    launched_at: float
+    finished_at: float = 0.0
+
+    def finish(self, _: Future | None = None) -> None:
+        self.finished_at = time.perf_counter()
 
 
 class RequestError(ConfigError):
@@ -52,6 +61,7 @@ class EngineStats:
     batch_seqs: list[int] = field(default_factory=list)  # sequences in each launched microbatch
     microbatch_tokens: list[int] = field(default_factory=list)  # tokens of each launched microbatch
     in_flight_at_launch: list[int] = field(default_factory=list)  # microbatches in flight, this one included
+    forward_costs: ForwardCostSums = ForwardCostSums()  # seconds of each forward by its shape
 
     def as_dict(self) -> dict:
         sizes, depth = self.decode_batch_sizes, self.in_flight_at_launch
@@ -307,11 +317,15 @@ class Engine(BlockingCalls):
             for seq, _ in layout.chunks:
                 seq.in_flight = True
             self.busy.start()
+            launched_at = time.perf_counter()
             future = self.executor.submit(model_input, plan if self.executor.samples else None)
             future.add_done_callback(self.busy.stop)  # before the prefetch: a local forward is done already
+            microbatch = _Microbatch(layout, plan, future, len(batch.decodes),
+                                     batch.num_tokens - len(batch.decodes), launched_at)
+            future.add_done_callback(microbatch.finish)
             if self.host_kv is not None:
                 self.host_kv.after_launch(self.scheduler)
-            self._in_flight.append(_Microbatch(layout, plan, future))
+            self._in_flight.append(microbatch)
             launched += 1
             self.stats.steps += 1
             self.stats.computed_tokens += batch.num_tokens
@@ -326,6 +340,8 @@ class Engine(BlockingCalls):
         """Wait for the oldest microbatch in flight and process its results."""
         microbatch = self._in_flight.popleft()
         output = microbatch.future.result()
+        self.stats.forward_costs = self.stats.forward_costs.add(
+            microbatch.decodes, microbatch.prefill_tokens, microbatch.finished_at - microbatch.launched_at)
         for seq, _ in microbatch.layout.chunks:
             seq.in_flight = False
         finished = self._process(microbatch.layout, output, microbatch.plan)
