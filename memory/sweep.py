@@ -56,6 +56,7 @@ from search.prm import default_format_for, make_prm_format
 from search.prompts import PromptBuilder
 from tts_runtime.config import CacheConfig, ConfigError, EngineConfig, SchedulerConfig, resolve_device, resolve_dtype
 from tts_runtime.engine.engine import RequestError
+from tts_runtime.executor.device_memory import return_freed_host_memory
 from tts_runtime.models.loader import LoadedModel, load_model
 from tts_runtime.runtime import Runtime, check_backend, profile_models
 
@@ -162,6 +163,7 @@ class _PeakMemory:
         if self.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.device)
         else:
+            return_freed_host_memory()  # else the peak counts earlier settings' freed heap
             Path("/proc/self/clear_refs").write_text("5")
 
     def read(self) -> int:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import math
+import os
+import sys
 
 import pytest
 import torch
@@ -17,6 +19,7 @@ from tts_runtime import ConfigError, EngineConfig, SamplingParams, SchedulerConf
 from tts_runtime.engine.block_manager import ROOT_HASH, BlockManager
 from tts_runtime.engine.scheduler import Scheduler
 from tts_runtime.engine.sequence import RequestGroup, Sequence
+from tts_runtime.executor.device_memory import return_freed_host_memory
 from tts_runtime.runtime import Runtime, profile_models, profile_one
 
 CONFIG = EngineConfig(scheduler=SchedulerConfig(max_num_batched_tokens=128))
@@ -324,3 +327,24 @@ def test_policy_guarantees_progress_and_breaks_a_deadlock_by_preemption():
     assert yielded == ["a"] and runnable == {"b"} and pool.num_blocks_of("b") == 9
     assert "neither model could step; a preempted" in pool.moves[-1].reason
     b.free(held_b)
+
+
+def _resident_bytes() -> int:
+    with open("/proc/self/statm") as statm:
+        return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/statm and glibc's malloc_trim")
+def test_freed_tensor_memory_goes_back_to_the_os():
+    """The heap a sweep's earlier runtimes freed stays resident until trimmed: freeing a
+    mapped 24 MiB block raises glibc's mmap threshold, the next 8 MiB buffers come from the
+    heap, and with the last one kept at its top nothing shrinks it on free."""
+    mapped = torch.ones(24 << 20, dtype=torch.uint8)
+    del mapped
+    buffers = [torch.ones(8 << 20, dtype=torch.uint8) for _ in range(48)]
+    top = buffers.pop()
+    del buffers
+    before = _resident_bytes()
+    return_freed_host_memory()
+    assert before - _resident_bytes() > 256 << 20
+    del top

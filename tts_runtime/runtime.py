@@ -31,7 +31,7 @@ from tts_runtime.cohost_stats import CohostCounters, EngineCounters
 from tts_runtime.config import (CohostConfig, ConfigError, EngineConfig, ModelSpec, ParallelConfig, resolve_device,
                                 resolve_dtype)
 from tts_runtime.executor.build import build_local_executor
-from tts_runtime.executor.device_memory import device_memory_info
+from tts_runtime.executor.device_memory import device_memory_info, return_freed_host_memory
 from tts_runtime.engine.engine import Engine
 from tts_runtime.executor.kv_cache import KVAllocation, bytes_per_block, element_size, shared_kv_views
 from tts_runtime.executor.layer_ops import packed_weight_bytes, resolved_linear_backend
@@ -128,6 +128,7 @@ class Runtime:
         `backend`: "native" (our engine) or "vllm" (each model on a vLLM engine, sized by
         the same memory plan; see tts_runtime/vllm_engine.py)."""
         self.backend = backend
+        return_freed_host_memory()  # an earlier runtime's KV, before this one allocates its own
         self.engine_config = engine_config or EngineConfig()
         if device is not None:
             self.engine_config = replace(self.engine_config, device=device)
