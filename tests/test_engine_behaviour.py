@@ -124,6 +124,25 @@ def test_snapshot_reports_prefix_hits_and_pool_occupancy(generator_model, prompt
     assert second["computed_tokens"] - first["computed_tokens"] == len(prompt) - full * engine.block_size + 3
 
 
+def test_a_request_aborted_before_it_was_scheduled_does_not_count_toward_the_hit_rate(generator_model, prompt):
+    """Prompt and cached tokens count together: a dropped speculation that never reached the
+    prefix cache adds neither, one that did adds both."""
+    engine = Engine(generator_model.name, EngineConfig(), loaded=generator_model)
+    greedy = SamplingParams(temperature=0, max_tokens=4)
+    engine.generate([prompt], greedy)
+    before = engine.snapshot()
+    engine.add_request("never scheduled", prompt, greedy)
+    engine.abort_request("never scheduled")
+    assert engine.snapshot()["prompt_tokens"] == before["prompt_tokens"]
+    engine.add_request("scheduled", prompt, greedy)
+    engine.step()
+    engine.abort_request("scheduled")
+    after = engine.snapshot()
+    full = (len(prompt) - 1) // engine.block_size
+    assert after["prompt_tokens"] - before["prompt_tokens"] == len(prompt)
+    assert after["cached_prompt_tokens"] - before["cached_prompt_tokens"] == full * engine.block_size
+
+
 def test_decode_groups_cover_each_sequence_once_within_the_padding_bound():
     lens = torch.tensor([300, 40, 41, 120, 299, 45, 118, 7], dtype=torch.int32)
     tables = torch.arange(8 * 19, dtype=torch.int32).view(8, 19)

@@ -203,7 +203,6 @@ class Engine(BlockingCalls):
         seq = self._new_sequence(group, list(token_ids), 0)
         self._groups[request_id] = group
         self.scheduler.add(seq)
-        self.stats.prompt_tokens += len(token_ids)
 
     def _validate(self, token_ids: list[int], params: SamplingParams | ScoreParams) -> None:
         if not token_ids:
@@ -247,6 +246,7 @@ class Engine(BlockingCalls):
         group = self._groups.pop(request_id, None)
         if group is None:
             return 0
+        self._count_prompt(group)
         self._aborted.append(group)
         self._stop_aborted()
         return sum(len(seq.output_token_ids) for seq in group.sequences)
@@ -461,9 +461,18 @@ class Engine(BlockingCalls):
                 return True
         return False
 
+    def _count_prompt(self, group: RequestGroup) -> None:
+        """Prompt and cached tokens, counted together as the request leaves the engine, and
+        only if the prefix cache was asked for its prompt: a discarded speculation aborted
+        before it was scheduled never was, and counting its prompt alone would make the
+        hit rate look lower than it is."""
+        if group.prompt_looked_up:
+            self.stats.prompt_tokens += group.num_prompt_tokens
+            self.stats.cached_prompt_tokens += group.num_cached_prompt_tokens
+
     def _finish_group(self, group: RequestGroup) -> RequestOutput:
         del self._groups[group.request_id]
-        self.stats.cached_prompt_tokens += group.num_cached_prompt_tokens
+        self._count_prompt(group)
         out = RequestOutput(group.request_id, group.prompt_token_ids,
                             num_cached_prompt_tokens=group.num_cached_prompt_tokens)
         if group.is_score:

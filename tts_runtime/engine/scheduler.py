@@ -284,6 +284,7 @@ class Scheduler:
         seq.num_computed_tokens = len(hit_ids) * self.blocks.block_size
         if seq.index == 0 and seq.num_tokens <= seq.num_prompt_tokens:
             seq.group.num_cached_prompt_tokens = seq.num_computed_tokens
+            seq.group.prompt_looked_up = True
 
     def _prefix_block_limit(self, seq: Sequence) -> int:
         """Most full blocks of `seq` the prefix cache may serve. Always leave at least the

@@ -73,6 +73,7 @@ class RequestGroup:
     arrival: int
     sequences: list[Sequence] = field(default_factory=list)
     num_cached_prompt_tokens: int = 0
+    prompt_looked_up: bool = False  # the scheduler has asked the prefix cache for the prompt
     # Score requests: results per requested position, filled as chunks complete.
     score_rows: dict[int, list[float]] = field(default_factory=dict)
 
