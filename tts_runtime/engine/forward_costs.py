@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
-import numpy as np
+import torch
 
 
 @dataclass(frozen=True)
@@ -55,10 +55,11 @@ class ForwardCostSums:
         varies (a PRM never decodes) gets no cost of its own: the pseudo-inverse leaves it 0."""
         if self.n < 3:
             return None
-        gram = np.array([[self.n, self.d, self.p], [self.d, self.dd, self.dp], [self.p, self.dp, self.pp]])
-        moments = np.array([self.s, self.sd, self.sp])
-        fixed, per_decode, per_token = np.linalg.pinv(gram, rcond=1e-10) @ moments
-        return ForwardCost(float(fixed), float(per_decode), float(per_token))
+        gram = torch.tensor([[self.n, self.d, self.p], [self.d, self.dd, self.dp], [self.p, self.dp, self.pp]],
+                            dtype=torch.float64)
+        moments = torch.tensor([self.s, self.sd, self.sp], dtype=torch.float64)
+        fixed, per_decode, per_token = (torch.linalg.pinv(gram, rtol=1e-10) @ moments).tolist()
+        return ForwardCost(fixed, per_decode, per_token)
 
 
 def widest_forward_seconds(sums: ForwardCostSums, width: int, token_budget: int) -> float | None:
