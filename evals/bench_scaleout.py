@@ -16,8 +16,9 @@ from typing import Any
 
 from evals.bench import SideBySide, write_report
 from evals.datasets import load_problems
-from evals.ray_pool import ScaleOut, ray_cluster
+from evals.ray_pool import ray_cluster
 from evals.report import RunFolder
+from evals.scale_config import ScaleOut
 from evals.scaleout import ReplicaSpec, run_scaled
 from search.config import SearchConfig
 

@@ -31,6 +31,7 @@ import ray
 import ray._private.ray_constants as ray_constants
 from ray.exceptions import ActorUnavailableError, RayError, RayTaskError
 
+from evals.scale_config import ScaleOut
 from tts_runtime.config import ConfigError
 
 ATTEMPTS = 2  # a work item runs at most twice
@@ -38,27 +39,6 @@ _LOCAL_OBJECT_STORE = 100 << 20
 _READY_TIMEOUT_S = 1800.0  # first model load dequantizes GGUF files: minutes on a slow CPU
 _REPING_S = 0.5
 _LOOPBACK = "127.0.0.1"
-
-
-@dataclass(frozen=True)
-class ScaleOut:
-    """How a run spreads over Ray: `replicas` actors, each with `threads_per_replica` torch
-    threads (CPU) or one GPU; `address` joins a running cluster (None: a local one)."""
-
-    replicas: int = 1
-    address: str | None = None
-    threads_per_replica: int = 1
-    gpus_per_replica: int = 0
-
-    def __post_init__(self) -> None:
-        if self.replicas < 1:
-            raise ConfigError(f"--replicas must be >= 1, got {self.replicas}")
-        if self.threads_per_replica < 1:
-            raise ConfigError(f"--threads-per-replica must be >= 1, got {self.threads_per_replica}")
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"replicas": self.replicas, "ray_address": self.address,
-                "threads_per_replica": self.threads_per_replica, "gpus_per_replica": self.gpus_per_replica}
 
 
 @contextmanager

@@ -28,8 +28,9 @@ import torch
 
 from evals.datasets import Problem
 from evals.metrics import EngineCounters, RunCounters, run_metrics
-from evals.ray_pool import ReplicaInfo, ReplicaPool, ScaleOut, WorkItem, ray_cluster
+from evals.ray_pool import ReplicaInfo, ReplicaPool, WorkItem, ray_cluster
 from evals.report import RunFolder
+from evals.scale_config import ScaleOut
 from evals.run import RunOutcome, failed_metrics, run_config, split_finished
 from memory.split import MemoryConfig
 from search import ProblemResult, ScoreCache, SearchConfig, arun_search

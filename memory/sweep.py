@@ -38,14 +38,14 @@ import sys
 import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import TYPE_CHECKING, Annotated, Optional
 
 import torch
 import typer
 
 from evals.bench import SideBySide, machine_info
 from evals.datasets import Problem, load_problems
-from evals.ray_pool import ReplicaInfo, ReplicaPool, ScaleOut, WorkItem, ray_cluster
+from evals.scale_config import ScaleOut
 from memory.plots import plot_hit_rate, plot_sweep, plot_throughput
 from memory.profile import MemoryProfile, format_bytes
 from memory.shifting_workload import WorkloadPhase, workload_phases
@@ -59,6 +59,9 @@ from tts_runtime.engine.engine import RequestError
 from tts_runtime.executor.device_memory import return_freed_host_memory
 from tts_runtime.models.loader import LoadedModel, load_model
 from tts_runtime.runtime import Runtime, check_backend, profile_models
+
+if TYPE_CHECKING:
+    from evals.ray_pool import ReplicaInfo
 
 SWEEP_COLUMNS = (
     "setting",  # "static 0.30", "auto", "elastic"
@@ -249,7 +252,9 @@ class SweepReplica:
         self.models = SweepModels(gen_loaded, prm_loaded, profile_models(gen_loaded, prm_loaded, engine_config))
 
     def ready(self) -> ReplicaInfo:
-        return ReplicaInfo.here()
+        from evals import ray_pool  # Ray only where replicas run
+
+        return ray_pool.ReplicaInfo.here()
 
     def run(self, setting: SweepSetting, phases: list[WorkloadPhase], memory: MemoryConfig,
             engine_config: EngineConfig, workload: Workload) -> tuple[dict, dict]:
@@ -278,6 +283,8 @@ def _run_parallel(settings: list[SweepSetting], phases: list[WorkloadPhase], mem
                   engine_config: EngineConfig, workload: Workload, repeats: int, parallel: SweepParallel,
                   echo) -> tuple[dict[str, list[dict]], dict[str, dict]]:
     """Every (setting, repeat) from one queue, in round-robin order, over the replicas."""
+    from evals.ray_pool import ReplicaPool, WorkItem, ray_cluster  # imports Ray: only for --replicas
+
     by_key = {f"{s.label}#{r}": s for r in range(repeats) for s in settings}
     items = [WorkItem(key, (s, phases, memory, engine_config, workload)) for key, s in by_key.items()]
     runs: dict[str, list[dict]] = {}

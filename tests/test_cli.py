@@ -231,3 +231,11 @@ def test_resume_after_the_run_is_killed(tmp_path, math500_path):
     assert (out / RESULTS_FILE).read_text().startswith(finished_before)
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["problems"] == 2 and metrics["throughput"]["problems"] == 1
+
+
+def test_cli_and_sweep_start_without_importing_ray():
+    """Ray serves --replicas alone: a one-process run (a GPU box without Ray, say) must not
+    need it, nor pay its second of import."""
+    probe = "import sys, tts_runtime.cli, memory.sweep; print(sorted(m for m in sys.modules if m.split('.')[0] == 'ray'))"
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"

@@ -19,7 +19,8 @@ import ray
 from typer.testing import CliRunner
 
 from evals.datasets import load_problems
-from evals.ray_pool import ReplicaPool, ScaleOut, ray_cluster
+from evals.ray_pool import ReplicaPool, ray_cluster
+from evals.scale_config import ScaleOut
 from evals.report import METRICS_FILE, RESULTS_FILE, RunFolder
 from evals.run import RunOutcome
 from evals.scaleout import ReplicaSpec, run_scaled

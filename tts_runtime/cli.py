@@ -25,9 +25,8 @@ from rich.text import Text
 from evals.bench_search import SearchBench, bench_search
 from evals.datasets import load_problems
 from evals.report import RunFolder
-from evals.ray_pool import ScaleOut
+from evals.scale_config import ScaleOut
 from evals.run import run_config, run_into_folder
-from evals.scaleout import ReplicaSpec, run_scaled
 from memory.report import profile_command
 from memory.split import MemoryConfig, parse_size
 from memory.sweep import sweep_memory
@@ -308,6 +307,8 @@ def _run_search_command(config: SearchConfig, selection: dict, generator: ModelS
     folder = RunFolder.open(out or Path("runs") / f"{config.method}-{time.strftime('%Y%m%d-%H%M%S')}",
                             resume=resume)
     if scale is not None:
+        from evals.scaleout import ReplicaSpec  # imports Ray: only for runs that use it
+
         _run_scaled_command(config, selection, problems, ReplicaSpec(generator, prm, memory, engine_config),
                             folder, scale)
         return
@@ -335,6 +336,8 @@ def _run_search_command(config: SearchConfig, selection: dict, generator: ModelS
 def _run_scaled_command(config: SearchConfig, selection: dict, problems: list, spec: ReplicaSpec,
                         folder: RunFolder, scale: ScaleOut) -> None:
     """The run on Ray replicas; one progress bar, started once the replicas are up."""
+    from evals.scaleout import run_scaled
+
     generated = [0]
     with ExitStack() as stack:
         bars: list[_SearchProgress] = []
@@ -556,6 +559,7 @@ def bench_scaleout_command(
     """Problems/min on Ray: 1 and 2 replicas of 1 thread, 1 replica of 2 threads, CPU (writes
     scaleout.json/md)."""
     from evals.bench_scaleout import ScaleoutBench, bench_scaleout
+    from evals.scaleout import ReplicaSpec
 
     config = SearchConfig(method="beam", n=n, beam_width=beam_width, num_iterations=num_iterations,
                           max_step_tokens=max_step_tokens, max_tokens=max_tokens, problem_batch=problem_batch)
