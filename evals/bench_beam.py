@@ -156,7 +156,7 @@ def _sides(config: BeamBenchConfig, dtype: torch.dtype, all_tts: bool, suffix: s
         # Prefix caching off: every repetition prefills its prompts like the first (the forks
         # of a prompt still share its blocks).
         cache = CacheConfig(enable_prefix_caching=False, num_blocks=_blocks_needed(config))
-        engine = Engine(config.generator, EngineConfig(cache=cache, **switches), loaded=loaded)
+        engine = Engine(config.generator, EngineConfig(device="cpu", cache=cache, **switches), loaded=loaded)
         _tts(engine, [p[:64] for p in prompts], BeamBenchConfig(new_tokens=2))  # warm-up
         variants[label + suffix] = lambda e=engine, p=prompts: _tts(e, p, config)
         labels[label + suffix] = meaning

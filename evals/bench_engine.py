@@ -7,6 +7,8 @@
     projects only the scored (last) position onto the vocabulary (`logits_to_keep=1`, as
     an HF user would), so the ratio measures prefix reuse. HF with the full-vocabulary
     head at every position runs beside it: the head-only effect, on its own row.
+
+Every side runs on the CPU, a GPU box too (`tts bench gpu` is the GPU comparison).
 """
 
 from __future__ import annotations
@@ -69,10 +71,10 @@ def bench_generate(config: EngineBenchConfig, dtype: torch.dtype) -> SideBySide:
     hf = AutoModelForCausalLM.from_pretrained(loaded.folder, dtype=dtype).eval()
     prompts = _generate_prompts(loaded, config.num_prompts)
     spec = ModelSpec(config.generator, _name(dtype))
-    engine = Engine(spec, EngineConfig(), loaded=loaded)
+    engine = Engine(spec, EngineConfig(device="cpu"), loaded=loaded)
     # The length-grouped decode attention switched off: what that optimisation is worth (it
     # applies to the torch backend, the fallback when the CPU kernel is not built).
-    ungrouped = Engine(spec, EngineConfig(attention_backend="torch", group_decodes_by_length=False), loaded=loaded)
+    ungrouped = Engine(spec, EngineConfig(device="cpu", attention_backend="torch", group_decodes_by_length=False), loaded=loaded)
     for warm in (engine, ungrouped):
         _tts_generate(warm, prompts[:4], 4)
     side = SideBySide("generate")
@@ -93,7 +95,7 @@ def _beam_steps(config: EngineBenchConfig) -> tuple[str, list[list[str]]]:
     """One real question and `beams` diverging step sequences sampled by the generator."""
     problem = load_problems("math500", limit=1)[0]
     loaded = load_model(config.generator, torch.float32, torch.device("cpu"))
-    engine = Engine(config.generator, EngineConfig(), loaded=loaded)
+    engine = Engine(config.generator, EngineConfig(device="cpu"), loaded=loaded)
     from search.prompts import PromptBuilder
 
     prompt = PromptBuilder(loaded.tokenizer).prompt_token_ids(problem.question)
@@ -119,7 +121,7 @@ def _score_queries(prm: LoadedModel, question: str, beams: list[list[str]], step
 
 
 def _tts_score(prm: LoadedModel, queries, dtype: torch.dtype) -> dict:
-    engine = Engine(ModelSpec(prm.name, _name(dtype)), EngineConfig(), loaded=prm)
+    engine = Engine(ModelSpec(prm.name, _name(dtype)), EngineConfig(device="cpu"), loaded=prm)
     for per_iteration in queries:  # iteration by iteration, like beam search
         engine.score([q.token_ids for q in per_iteration], [q.score_params() for q in per_iteration])
     return {"computed_tokens": engine.stats.computed_tokens}

@@ -111,3 +111,35 @@ def test_gemma_sliding_window_prefill_and_decode(prm_model, hf_reference):
     got = engine.generate([ids], SamplingParams(temperature=0, max_tokens=12))[0].completions[0].token_ids
     eos = {tok.eos_token_id}
     assert got == _hf_greedy(hf_reference(prm_model), ids, 12, eos)
+
+
+def test_llama3_rope_scaling_matches_hf(tmp_path, generator_model):
+    """Llama 3's frequency scaling (the seed models' `dummy:llama-3.*` shapes): a tiny random
+    checkpoint scores like HF's, and unlike HF without the scaling, so the check can fail."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from tts_runtime.models.loader import load_model
+
+    tok = generator_model.tokenizer
+    scaling = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+               "original_max_position_embeddings": 64}
+
+    def tiny(rope_scaling):
+        config = LlamaConfig(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                             num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096,
+                             rope_theta=10000.0, rope_scaling=rope_scaling, initializer_range=0.2,
+                             tie_word_embeddings=False)
+        torch.manual_seed(0)
+        return LlamaForCausalLM(config).float().eval()
+
+    hf = tiny(scaling)
+    hf.save_pretrained(tmp_path)
+    tok.save_pretrained(tmp_path)
+    loaded = load_model(str(tmp_path), torch.float32, torch.device("cpu"))
+    assert loaded.arch.layer_rope[0].scaling is not None
+    ids = tok(" ".join(QUESTIONS * 2))["input_ids"][:300]
+    positions, candidates = [10, 150, 299], [11, 12, 13]
+    engine = Engine(loaded.name, EngineConfig(device="cpu"), loaded=loaded)
+    scores = torch.tensor(engine.score([ids], ScoreParams(positions, candidates))[0].scores)
+    assert scores.sub(_hf_probs(hf, ids, positions, candidates)).abs().max().item() <= 1e-4
+    assert scores.sub(_hf_probs(tiny(None), ids, positions, candidates)).abs().max().item() > 1e-3

@@ -461,7 +461,8 @@ def test_sampler_synchronises_once_on_cuda():
             tokens = sample(logits, rows, torch.Generator(device="cuda").manual_seed(0))
         finally:
             torch.cuda.set_sync_debug_mode("default")
-    syncs = [w for w in caught if "synchroniz" in str(w.message)]
+    # The debug mode also warns, once, that it is a prototype: only the operations count.
+    syncs = [w for w in caught if "called a synchronizing CUDA operation" in str(w.message)]
     assert len(tokens) == len(rows)
     assert len(syncs) <= 1, [str(w.message) for w in syncs]  # the final .tolist() only
 
@@ -584,7 +585,7 @@ def test_cuda_graph_decode_matches_eager_decode(cuda_models, monkeypatch):
     eager = Engine(loaded.name, EngineConfig(device="cuda", cuda_graphs=False), loaded=loaded)
     expected = [o.completions[0].token_ids for o in eager.generate(prompts, greedy)]
     graphs = Engine(loaded.name, EngineConfig(device="cuda"), loaded=loaded)
-    assert graphs.executor.graphs is not None and graphs.backend.name == "triton"
+    assert graphs.executor.graphs is not None and graphs.executor.backend.name == "triton"
     calls = _count_graph_runs(graphs, monkeypatch)
     got = [o.completions[0].token_ids for o in graphs.generate(prompts, greedy)]
     assert calls[0] >= NEW_TOKENS - 2  # every pure-decode step replayed a graph
@@ -615,7 +616,7 @@ def test_cuda_graph_step_equals_eager_step_and_keeps_other_kv(cuda_models, dtype
     backend = TritonAttention(decode_splits=1)
     runner = CudaGraphRunner(model, kv, backend, EAGER_OPS, max_num_seqs=8, max_blocks_per_seq=8, block_size=bs, sizes=(4, 8))
     tables = [[2 * i, 2 * i + 1, 40 + i] for i in range(8)]
-    contexts = [33 + 3 * i for i in range(8)]
+    contexts = [33 + 2 * i for i in range(8)]  # within the three blocks of each table
     vocab = arch.vocab_size
     tol = 1e-5 if dtype == torch.float32 else 2e-2
     for n in (8, 5):
@@ -677,7 +678,9 @@ def test_beam_search_end_to_end_on_gpu(monkeypatch):
     problems = load_problems("math500", dataset_path=str(data), limit=10)
     runtime = Runtime(GENERATOR, PRM, engine_config=EngineConfig(device="cuda"))
     calls = _count_graph_runs(runtime.generator, monkeypatch)
-    results = run_search(runtime, problems, SearchConfig(method="beam", n=4, beam_width=4, problem_batch=10))
+    # Five short iterations (the cohost bench's shape): the default forty took over two minutes.
+    config = SearchConfig(method="beam", n=4, beam_width=4, num_iterations=5, max_step_tokens=96, problem_batch=10)
+    results = run_search(runtime, problems, config)
     assert [r.id for r in results] == [p.id for p in problems]
     assert all(r.beams and r.generated_tokens > 0 and r.prm_tokens > 0 for r in results)
     assert calls[0] > 0  # the generator's decode steps ran from CUDA graphs

@@ -13,7 +13,7 @@ if not torch.cuda.is_available():
     # Must precede the kernel module's import: @triton.jit picks the interpreter then.
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-from dataclasses import dataclass, field  # noqa: E402
+from dataclasses import dataclass, field, fields, replace  # noqa: E402
 
 import pytest  # noqa: E402
 import triton.language as tl  # noqa: E402
@@ -301,11 +301,19 @@ CASCADE_CASES = {name: CASES[name] for name in (
     "bf16-gemma-shape")}
 
 
+def shared_case_on_device(case) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, AttentionMetadata]:
+    """A tests/attention_cases.py batch (built on the CPU) with every tensor, the metadata's
+    too, on the GPU when there is one: compiled Triton kernels take device pointers only."""
+    query, k_cache, v_cache, meta = build_shared(case)
+    tensors = {f.name: getattr(meta, f.name).to(DEVICE) for f in fields(meta)
+               if isinstance(getattr(meta, f.name), torch.Tensor)}
+    return query.to(DEVICE), k_cache.to(DEVICE), v_cache.to(DEVICE), replace(meta, **tensors)
+
+
 @pytest.mark.parametrize("name", list(CASCADE_CASES))
 def test_cascade_matches_torch(name):
     case = CASCADE_CASES[name]
-    query, k_cache, v_cache, meta = (t.to(DEVICE) if isinstance(t, torch.Tensor) else t
-                                     for t in build_shared(case))
+    query, k_cache, v_cache, meta = shared_case_on_device(case)
     scale = case.head_dim ** -0.5
     ref = TorchAttention().attend(query, k_cache, v_cache, meta, scale, case.window, case.softcap)
     backend = TritonAttention(cascade=True)
@@ -316,7 +324,7 @@ def test_cascade_matches_torch(name):
 
 
 def test_cascade_leaves_batches_without_shared_blocks_to_the_flat_kernels():
-    query, k_cache, v_cache, meta = build_shared(CASES["long-single-sequence"])
+    query, k_cache, v_cache, meta = shared_case_on_device(CASES["long-single-sequence"])
     backend = TritonAttention(cascade=True)
     backend.attend(query[:, :9], k_cache, v_cache, meta, 0.125, None, None)
     assert backend._plan_for[1] is None
