@@ -57,6 +57,7 @@ VARIANTS: dict[str, Variant] = {
     "batched + overlap": Variant({"phase_policy": "batched", "overlap": True}),
     "speculation": Variant(speculation=True),
     "prefix order": Variant(prefix_order=True),
+    "batched + prefix order": Variant({"phase_policy": "batched"}, prefix_order=True),
     "all": _ALL,
 }
 
@@ -121,7 +122,8 @@ def bench_cohost(bench: CohostBench, *, command: Sequence[str], log: Callable[[s
     side = SideBySide("cohost")
 
     def variant(label: str) -> Callable[[], dict]:
-        cohost = CohostConfig(**{**vars(bench.thresholds), **VARIANTS[label].cohost})
+        # Each variant names its policy: the default, auto, would differ between CPU and GPU.
+        cohost = CohostConfig(**{**vars(bench.thresholds), "phase_policy": "alternate", **VARIANTS[label].cohost})
 
         def run() -> dict:
             row = _measure(bench, models, problems, cohost, VARIANTS[label])
@@ -132,7 +134,7 @@ def bench_cohost(bench: CohostBench, *, command: Sequence[str], log: Callable[[s
         return run
 
     side.run({label: variant(label) for label in bench.variants}, bench.rounds)
-    rows = [_row(side, label, len(problems)) for label in bench.variants]
+    rows = [_row(side, label, len(problems), device) for label in bench.variants]
     ceilings = speedup_ceilings({row["variant"]: row for row in rows}, cores_split=device.type == "cpu")
     summary = {"problems": len(problems), "rounds": bench.rounds, "search": bench.config.to_dict(),
                "thresholds": vars(bench.thresholds), "device": str(device),
@@ -220,13 +222,17 @@ def _forward_cost_note(costs: dict[str, dict | None]) -> str:
     return "Forward cost fitted on the first alternating round: " + "; ".join(parts) + "."
 
 
-def _row(side: SideBySide, label: str, problems: int) -> dict[str, Any]:
+def _row(side: SideBySide, label: str, problems: int, device: torch.device) -> dict[str, Any]:
     runs, baseline = side.runs[label], side.runs[BASELINE]
     same = min(sum(run["predictions"][pid] == ref["predictions"][pid] for pid in ref["predictions"])
                for run, ref in zip(runs, baseline))
     median = side.median
-    threads = (f"{worker_threads(EngineConfig())} per worker" if VARIANTS[label].cohost.get("overlap")
-               else f"{torch.get_num_threads()} in one process")
+    overlap = VARIANTS[label].cohost.get("overlap")
+    if device.type == "cuda":
+        threads = "one process, a CUDA stream per engine" if overlap else "one process"
+    else:
+        threads = (f"{worker_threads(EngineConfig())} per worker" if overlap
+                   else f"{torch.get_num_threads()} in one process")
     return {"variant": label, "threads": threads, "problems_per_min": median(label, "problems_per_min"),
             "speedup": median(label, "problems_per_min") / median(BASELINE, "problems_per_min"),
             "goodput_tokens_per_s": median(label, "goodput"),

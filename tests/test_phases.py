@@ -13,12 +13,13 @@ import math
 from dataclasses import dataclass
 
 import pytest
+import torch
 
 from evals.bench_cohost import speedup_ceilings
 from evals.datasets import load_problems
 from memory.split import MemoryConfig
 from search import SearchConfig, run_search
-from tts_runtime.config import CohostConfig, ConfigError, EngineConfig, SchedulerConfig
+from tts_runtime.config import CohostConfig, ConfigError, EngineConfig, SchedulerConfig, resolve_phase_policy
 from tts_runtime.engine.request import SamplingParams, ScoreParams
 from tts_runtime.phases import GENERATOR, PRM, PhaseScheduler
 from tts_runtime.runtime import Runtime
@@ -129,8 +130,17 @@ def test_batched_phases_under_overlap_only_hold_back_the_prm(overlap):
     assert phases.choose({PRM}, engines) == [PRM]  # the generator ran dry
 
 
+def test_auto_phase_policy_is_batched_on_a_gpu_only(search_runtime):
+    assert resolve_phase_policy("auto", torch.device("cuda")) == "batched"
+    assert resolve_phase_policy("auto", torch.device("cuda"), backend="vllm") == "alternate"
+    assert resolve_phase_policy("auto", torch.device("cpu")) == "alternate"
+    assert resolve_phase_policy("batched", torch.device("cpu")) == "batched"
+    assert CohostConfig().phase_policy == "auto"
+    assert search_runtime.cohost.phase_policy == "alternate"  # a CPU runtime built with the default
+
+
 def test_bad_phase_settings_are_one_line_errors():
-    with pytest.raises(ConfigError, match="unknown phase policy 'seesaw'; choose alternate or batched"):
+    with pytest.raises(ConfigError, match="unknown phase policy 'seesaw'; choose auto, alternate or batched"):
         CohostConfig(phase_policy="seesaw")
     with pytest.raises(ConfigError, match="--prm-buffer-tokens must be >= 1"):
         CohostConfig(prm_buffer_tokens=0)

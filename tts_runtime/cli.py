@@ -191,8 +191,9 @@ def _make_search_command(method: str, summary: str) -> None:
         cpu_fused_ops: Annotated[bool, typer.Option(help="CPU: RMSNorm, rotary embedding and the gated "
                                                          "activation as one C++ pass each (off: torch's eager "
                                                          "ops, bit-exact with HF).")] = True,
-        phase_policy: Annotated[str, typer.Option(help="alternate (each engine every step) or batched "
-                                                       "(Seesaw: long generator and PRM phases).")] = _C.phase_policy,
+        phase_policy: Annotated[str, typer.Option(help="auto (batched on a GPU, alternate on CPU), alternate "
+                                                       "(each engine every step) or batched (Seesaw: long "
+                                                       "generator and PRM phases).")] = _C.phase_policy,
         prm_buffer_tokens: Annotated[int, typer.Option(help="batched: switch to the PRM once this many "
                                                             "uncached tokens wait for it.")] = _C.prm_buffer_tokens,
         generator_low_water: Annotated[int, typer.Option(help="batched: switch to the PRM once the generator "
@@ -623,8 +624,9 @@ def bench_cohost_command(
     seed: Annotated[int, typer.Option()] = _D.seed,
     rounds: Annotated[int, typer.Option(help="Alternating rounds of every variant; medians.")] = 2,
     variants: Annotated[str, typer.Option(help="Comma-separated, alternate first: alternate, batched, "
-                                               "overlap, batched + overlap, speculation, prefix order, all.")]
-    = "alternate,batched,overlap,batched + overlap,speculation,prefix order,all",
+                                               "overlap, batched + overlap, speculation, prefix order, batched + prefix "
+                                               "order, all.")]
+    = "alternate,batched,overlap,batched + overlap,speculation,prefix order,batched + prefix order,all",
     prm_buffer_tokens: Annotated[int, typer.Option(help="Batched variants' PRM buffer.")] = _C.prm_buffer_tokens,
     generator_low_water: Annotated[int, typer.Option()] = _C.generator_low_water,
     generator_buffer_seqs: Annotated[int, typer.Option()] = _C.generator_buffer_seqs,

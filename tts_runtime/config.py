@@ -112,7 +112,7 @@ class ParallelConfig:
             raise ConfigError(f"--threads-per-stage must be >= 1, got {self.threads_per_stage}")
 
 
-PHASE_POLICIES = ("alternate", "batched")
+PHASE_POLICIES = ("auto", "alternate", "batched")
 
 
 @dataclass(frozen=True)
@@ -126,9 +126,10 @@ class CohostConfig:
     uncached pending tokens reach `prm_buffer_tokens`; then the PRM until it is drained or
     the generator's unfinished sequences reach `generator_buffer_seqs`. `overlap` runs the
     two engines' forwards at the same time (CPU: a worker process each; CUDA: a stream each);
-    with both, the generator decodes in every step and the phases only batch the PRM."""
+    with both, the generator decodes in every step and the phases only batch the PRM.
+    `auto` is batched on a GPU and alternate elsewhere (`resolve_phase_policy`)."""
 
-    phase_policy: str = "alternate"
+    phase_policy: str = "auto"
     prm_buffer_tokens: int = 2048
     generator_low_water: int = 0
     generator_buffer_seqs: int = 256
@@ -136,7 +137,8 @@ class CohostConfig:
 
     def __post_init__(self) -> None:
         if self.phase_policy not in PHASE_POLICIES:
-            raise ConfigError(f"unknown phase policy '{self.phase_policy}'; choose {' or '.join(PHASE_POLICIES)}")
+            raise ConfigError(f"unknown phase policy '{self.phase_policy}'; choose "
+                              f"{', '.join(PHASE_POLICIES[:-1])} or {PHASE_POLICIES[-1]}")
         for name in ("prm_buffer_tokens", "generator_buffer_seqs"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
@@ -208,6 +210,16 @@ def resolve_device(device: str) -> torch.device:
 
 _DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
            "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}
+
+
+def resolve_phase_policy(policy: str, device: torch.device, backend: str = "native") -> str:
+    """`auto` is what measured faster there (docs/benchmarks/cohost_gpu.md, cohost.md): on a
+    GPU a PRM forward costs about the same for a few beams as for many (H100: 14 ms fixed,
+    batched 1.34x alternate), on a CPU a forward's cost grows with its width and batching
+    starves the generator's batches (2 cores: 0.88x). vLLM engines step whole: alternate."""
+    if policy != "auto":
+        return policy
+    return "batched" if device.type == "cuda" and backend == "native" else "alternate"
 
 
 def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:

@@ -29,7 +29,7 @@ from memory.split import MemoryConfig, MemoryPlan, Workload, plan_memory
 from memory.thrash import ThrashTracker
 from tts_runtime.cohost_stats import CohostCounters, EngineCounters
 from tts_runtime.config import (CohostConfig, ConfigError, EngineConfig, ModelSpec, ParallelConfig, resolve_device,
-                                resolve_dtype)
+                                resolve_dtype, resolve_phase_policy)
 from tts_runtime.executor.build import build_local_executor
 from tts_runtime.executor.device_memory import device_memory_info, return_freed_host_memory
 from tts_runtime.engine.engine import Engine
@@ -109,7 +109,7 @@ def check_backend(backend: str, memory_policy: str) -> None:
 
 def check_cohost(backend: str, memory_policy: str, cohost: CohostConfig) -> None:
     """One-line errors for co-hosting settings that cannot run together."""
-    if backend == "vllm" and (cohost.overlap or cohost.phase_policy != "alternate"):
+    if backend == "vllm" and (cohost.overlap or cohost.phase_policy == "batched"):
         raise ConfigError("--overlap and --phase-policy batched drive our engine's launch and collect "
                           "halves; vLLM engines step whole: use them with --backend native")
     if cohost.overlap and memory_policy == "elastic":
@@ -136,9 +136,10 @@ class Runtime:
             self.engine_config = replace(self.engine_config, parallel=parallel)
         self.memory = memory or MemoryConfig()
         check_backend(backend, self.memory.policy)
-        self.cohost = self.engine_config.cohost
-        check_cohost(backend, self.memory.policy, self.cohost)
+        check_cohost(backend, self.memory.policy, self.engine_config.cohost)
         dev = resolve_device(self.engine_config.device)
+        self.cohost = replace(self.engine_config.cohost, phase_policy=resolve_phase_policy(
+            self.engine_config.cohost.phase_policy, dev, backend))
         gen_spec, gen_loaded = _load(generator, dev)
         prm_spec, prm_loaded = _load(prm, dev)
         self.profiles = profiles or profile_models(gen_loaded, prm_loaded, self.engine_config)
