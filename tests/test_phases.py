@@ -22,7 +22,7 @@ from search import SearchConfig, run_search
 from tts_runtime.config import CohostConfig, ConfigError, EngineConfig, SchedulerConfig, resolve_phase_policy
 from tts_runtime.engine.request import SamplingParams, ScoreParams
 from tts_runtime.phases import GENERATOR, PRM, PhaseScheduler
-from tts_runtime.runtime import Runtime
+from tts_runtime.runtime import Runtime, check_cohost
 
 CHUNK = 16
 QUESTION = "What is the sum of the first ten positive integers? Think step by step."
@@ -136,6 +136,7 @@ def test_auto_phase_policy_is_batched_on_a_gpu_only(search_runtime):
     assert resolve_phase_policy("auto", torch.device("cpu")) == "alternate"
     assert resolve_phase_policy("batched", torch.device("cpu")) == "batched"
     assert CohostConfig().phase_policy == "auto"
+    check_cohost("vllm", "static", CohostConfig())  # auto on vLLM is alternate: no error
     assert search_runtime.cohost.phase_policy == "alternate"  # a CPU runtime built with the default
 
 
