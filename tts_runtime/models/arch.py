@@ -21,6 +21,10 @@ class RopeConfig:
     theta: float
     scaling: dict | None = None  # llama3-style frequency scaling parameters
 
+    def __hash__(self) -> int:
+        # Layers sharing a config share rope tables; the scaling dict alone is unhashable.
+        return hash((self.theta, tuple(sorted(self.scaling.items())) if self.scaling else None))
+
 
 @dataclass(frozen=True)
 class ArchConfig:

@@ -106,11 +106,7 @@ class DecoderModel(nn.Module):
             nn.Linear(arch.hidden_size, arch.hidden_size), nn.ReLU(),
             nn.Linear(arch.hidden_size, arch.reward_labels)) if arch.has_reward_head else None
         # Layers share rope tables when their rope configs agree (Gemma: local vs global).
-        # Distinct configs by equality: a llama3 scaling dict makes RopeConfig unhashable.
-        self._ropes: list[RopeConfig] = []
-        for rope in arch.layer_rope:
-            if rope not in self._ropes:
-                self._ropes.append(rope)
+        self._ropes: list[RopeConfig] = list(dict.fromkeys(arch.layer_rope))
         self._layer_rope_slot = [self._ropes.index(r) for r in arch.layer_rope]
         self._inv_freqs: dict[torch.device, list[torch.Tensor]] = {}
 
