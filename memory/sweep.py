@@ -114,6 +114,8 @@ def parse_splits(text: str) -> list[float]:
     except ValueError:
         raise ConfigError(f"cannot read splits '{text}'; write start:stop:step (0.1:0.9:0.1) "
                           "or a list (0.2,0.5)") from None
+    if not splits and ":" in text:
+        raise ConfigError(f"splits '{text}' name no split: start:stop:step needs start <= stop")
     bad = [s for s in splits if not 0 < s < 1]
     if not splits or bad:
         raise ConfigError(f"memory split must be in (0, 1), got {bad or text}")

@@ -86,6 +86,9 @@ def test_bad_memory_input_is_a_clear_error(profiles):
             MemoryConfig(prm_fraction=split)
     with pytest.raises(ConfigError, match=r"memory split must be in \(0, 1\)"):
         parse_splits("0.5:1.2:0.2")
+    with pytest.raises(ConfigError, match="name no split: start:stop:step needs start <= stop"):
+        parse_splits("0.5:0.1:0.1")
+    assert parse_splits("0.1:0.5:0.2") == [0.1, 0.3, 0.5]
     with pytest.raises(ConfigError, match="unknown memory policy 'greedy'; choose one of static, auto, elastic"):
         MemoryConfig(policy="greedy")
     with pytest.raises(ConfigError, match="unknown memory policy 'greedy'"):
