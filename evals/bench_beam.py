@@ -120,7 +120,7 @@ def _vllm_runner(loaded: LoadedModel, config: BeamBenchConfig):
         return None
     from evals.bench_vllm import vllm_engine
 
-    dtype = loaded.model.output_weight.dtype
+    dtype = loaded.dtype
     engine = vllm_engine(loaded, dtype, config.prompts * (config.prompt_tokens + config.n * config.new_tokens))
     engine.generate([p[:64] for p in beam_prompts(loaded, 1, 64)], SamplingParams(max_tokens=2))  # warm-up
     params = SamplingParams(temperature=0.8, n=config.n, max_tokens=config.new_tokens, ignore_eos=True)

@@ -118,7 +118,7 @@ def _measure(bench: CohostBench, models: tuple[LoadedModel, LoadedModel], proble
 
 def bench_cohost(bench: CohostBench, *, command: Sequence[str], log: Callable[[str], None]) -> Path:
     problems, device, models = search_inputs(bench, log, bench.dtype)
-    dtype = str(models[0].model.output_weight.dtype).removeprefix("torch.")
+    dtype = str(models[0].dtype).removeprefix("torch.")
     side = SideBySide("cohost")
 
     def variant(label: str) -> Callable[[], dict]:

@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 from typer.testing import CliRunner
 
 from evals.report import RESULTS_FILE, RunFolder
@@ -22,7 +23,7 @@ from search.aggregate import aggregate
 from search.grading import majority_pick, weighted_pick
 from search.results import BeamResult, ProblemResult
 from tts_runtime.cli import app
-from tts_runtime.config import ConfigError
+from tts_runtime.config import ConfigError, resolve_dtype
 
 TINY = ["--n", "4", "--beam-width", "2", "--num-iterations", "2", "--max-step-tokens", "32", "--max-tokens", "48"]
 
@@ -131,6 +132,8 @@ def _lines(folder: Path) -> list[dict]:
     return [json.loads(line) for line in text.splitlines() if line.strip()] if text.endswith("\n") else []
 
 
+AUTO_DTYPE = str(resolve_dtype("auto", torch.device("cpu")))
+
 # Three problems picked by id; sampling and both aggregations away from their defaults.
 IDS = ["test/precalculus/807.json", "test/intermediate_algebra/1994.json", "test/algebra/1349.json"]
 OPTIONS = ["--ids", ",".join(IDS), "--temperature", "0.6", "--top-p", "0.9", "--aggregation", "min",
@@ -152,7 +155,7 @@ def test_cli_end_to_end_on_three_problems(tmp_path, math500_path):
         assert fragment in done.stdout
     config = json.loads((out / "config.json").read_text())
     assert config["models"] == {"generator": "smollm2-135m-instruct", "prm": "gemma3-270m", "prm_format": "judge",
-                                "dtypes": {"generator": "torch.float32", "prm": "torch.float32"}}
+                                "dtypes": {"generator": AUTO_DTYPE, "prm": AUTO_DTYPE}}
     assert config["search"]["n"] == 4 and config["search"]["beam_width"] == 2
     assert (config["search"]["temperature"], config["search"]["top_p"]) == (0.6, 0.9)
     assert (config["search"]["aggregation"], config["search"]["vote_aggregation"]) == ("min", "prod")
@@ -183,14 +186,20 @@ def test_cli_end_to_end_on_three_problems(tmp_path, math500_path):
     assert "accuracy (best beam)" in done.stdout
 
 
+def test_auto_dtype_is_bf16_where_the_cpu_has_bf16_dot_products():
+    flags = Path("/proc/cpuinfo").read_text()
+    assert resolve_dtype("auto", torch.device("cpu")) == (torch.bfloat16 if "avx512_bf16" in flags else torch.float32)
+
+
 @pytest.mark.slow
-def test_dtype_option_runs_both_models_in_bf16(tmp_path, math500_path):
+def test_dtype_option_overrides_auto_for_both_models(tmp_path, math500_path):
+    other = "float32" if AUTO_DTYPE == "torch.bfloat16" else "bfloat16"
     out = tmp_path / "run"
-    done = subprocess.run(_tts(math500_path, "--limit", "1", "--dtype", "bfloat16", "--out", str(out)),
+    done = subprocess.run(_tts(math500_path, "--limit", "1", "--dtype", other, "--out", str(out)),
                           capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]
     config = json.loads((out / "config.json").read_text())
-    assert config["models"]["dtypes"] == {"generator": "torch.bfloat16", "prm": "torch.bfloat16"}
+    assert config["models"]["dtypes"] == {"generator": f"torch.{other}", "prm": f"torch.{other}"}
     [row] = _lines(out)
     assert row["generated_tokens"] > 0 and row["beams"]
 

@@ -350,9 +350,11 @@ def _results(folder: Path) -> dict[str, dict]:
 
 
 def test_cli_beam_pp2_writes_the_predictions_and_beams_of_pp1(math500_path, tmp_path):
+    # fp32: PP2 splits the decodes over microbatches, and in bf16 the projections' kernel and
+    # so the rounding change with the rows a forward holds.
     rows = {}
     for pp in ("1", "2"):
-        done = subprocess.run(_tts(math500_path, tmp_path / pp, "--limit", "2", "--pp", pp),
+        done = subprocess.run(_tts(math500_path, tmp_path / pp, "--limit", "2", "--pp", pp, "--dtype", "float32"),
                               capture_output=True, text=True, timeout=900)
         assert done.returncode == 0, done.stderr[-2000:]
         rows[pp] = _results(tmp_path / pp)

@@ -34,7 +34,9 @@ from tts_runtime.config import EngineConfig, ModelSpec
 # a batch with; two problems in flight per replica exercise the replica's own batching.
 SEARCH = SearchConfig(method="beam", n=2, beam_width=2, num_iterations=2, max_step_tokens=16, max_tokens=48,
                       temperature=0.0, problem_batch=2)
-SPEC = ReplicaSpec(ModelSpec(GENERATOR), ModelSpec(PRM), MemoryConfig(device_memory=parse_size("2.1GiB")), EngineConfig(device="cpu"))
+# fp32: its kernels compute a row the same whatever else is in the batch; in bf16 the
+# projections switch kernels with the row count, so a batch-mate can change the rounding.
+SPEC = ReplicaSpec(ModelSpec(GENERATOR, "float32"), ModelSpec(PRM, "float32"), MemoryConfig(device_memory=parse_size("2.1GiB")), EngineConfig(device="cpu"))
 CLI_TINY = ["--n", "2", "--beam-width", "2", "--num-iterations", "2", "--max-step-tokens", "16", "--max-tokens", "48",
             "--temperature", "0", "--problem-batch", "1", "--device", "cpu", "--device-memory", "2.1GiB"]
 

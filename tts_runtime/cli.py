@@ -43,8 +43,8 @@ from tts_runtime.runtime import Runtime, check_backend, check_cohost
 DEFAULT_GENERATOR = "smollm2-135m-instruct"
 DEFAULT_PRM = "gemma3-270m"
 ATTENTION_BACKENDS = ("auto", "cpu", "torch", "triton")
-DTYPE_HELP = ("Both models' weights and activations: auto (bf16 on GPU, fp32 on CPU), float32, bfloat16 "
-              "(the fast path on CPUs with AVX512-BF16) or float16.")
+DTYPE_HELP = ("Both models' weights and activations: auto (bf16 on a GPU and on a CPU with AVX512-BF16, "
+              "else fp32), float32 (the parity reference), bfloat16 or float16.")
 
 app = typer.Typer(name="tts", help="Test-time-compute search: PRM-guided beam search, best-of-N, DVTS.",
                   no_args_is_help=True, add_completion=False, pretty_exceptions_show_locals=False)

@@ -56,7 +56,7 @@ class RuntimeStats:
 def _load(model: ModelSpec | str | LoadedModel, device: torch.device) -> tuple[ModelSpec, LoadedModel]:
     """A spec and its loaded model; an already loaded model is reused (sweeps build many runtimes)."""
     if isinstance(model, LoadedModel):
-        return ModelSpec(model.name, _DTYPE_NAMES[model.model.output_weight.dtype]), model
+        return ModelSpec(model.name, _DTYPE_NAMES[model.dtype]), model
     spec = ModelSpec(model) if isinstance(model, str) else model
     return spec, load_model(spec.model, resolve_dtype(spec.dtype, device), device)
 
@@ -143,7 +143,7 @@ class Runtime:
         gen_spec, gen_loaded = _load(generator, dev)
         prm_spec, prm_loaded = _load(prm, dev)
         self.profiles = profiles or profile_models(gen_loaded, prm_loaded, self.engine_config)
-        dtypes = (resolve_dtype(gen_spec.dtype, dev), resolve_dtype(prm_spec.dtype, dev))
+        dtypes = (gen_loaded.dtype, prm_loaded.dtype)
         self.plan: MemoryPlan = plan_memory(
             self.memory, *self.profiles, device_total=device_total(dev), workload=workload,
             element_sizes=(element_size(dtypes[0]), element_size(dtypes[1])))

@@ -195,7 +195,8 @@ class VllmEngine(BlockingCalls):
         self.config = config or EngineConfig()
         self.settings = settings or VllmSettings()
         self.device = resolve_device(self.config.device)
-        self.dtype = resolve_dtype(spec.dtype, self.device)
+        # vLLM loads its own copy of the weights, in the dtype of the caller's copy if it has one.
+        self.dtype = loaded.dtype if loaded is not None else resolve_dtype(spec.dtype, self.device)
         if resolve(spec.model).kind == "dummy":
             raise ConfigError(f"the vLLM backend serves real weights only; '{spec.model}' is a dummy model")
         folder = loaded.folder if loaded is not None else model_folder(spec.model)

@@ -108,7 +108,8 @@ class Engine(BlockingCalls):
         self.spec = spec
         self.config = config or EngineConfig()
         self.device = resolve_device(self.config.device)
-        self.dtype = resolve_dtype(spec.dtype, self.device)
+        # A model loaded by the caller runs in the dtype it was loaded in, whatever `auto` says.
+        self.dtype = loaded.dtype if loaded is not None else resolve_dtype(spec.dtype, self.device)
         self.loaded = loaded or load_model(spec.model, self.dtype, self.device)
         self.model, self.arch, self.tokenizer = self.loaded.model, self.loaded.arch, self.loaded.tokenizer
         cache = self.config.cache

@@ -66,7 +66,7 @@ class StageModel:
 
     @classmethod
     def of(cls, key: str, loaded: LoadedModel, num_blocks: int, samples_full_vocabulary: bool = True) -> StageModel:
-        return cls(key, loaded.name, loaded.model.output_weight.dtype, num_blocks, loaded.arch.num_layers,
+        return cls(key, loaded.name, loaded.dtype, num_blocks, loaded.arch.num_layers,
                    loaded.arch, samples_full_vocabulary, loaded)
 
 

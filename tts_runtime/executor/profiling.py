@@ -34,7 +34,7 @@ def profiling_forward(loaded: LoadedModel, max_num_batched_tokens: int, max_num_
     """A closure running the profiling step. Its inputs and the few KV blocks it writes are
     allocated here, before the caller starts measuring, so the measured peak is activations only."""
     device = loaded.model.output_weight.device
-    dtype = loaded.model.output_weight.dtype
+    dtype = loaded.dtype
     tokens = profile_tokens(loaded, max_num_batched_tokens)
     num_blocks = -(-tokens // block_size)
     kv = allocate_kv_cache(loaded.arch, num_blocks, block_size, dtype, device)

@@ -76,6 +76,10 @@ class LoadedModel:
     tokenizer: object | None  # a transformers tokenizer; None for dummy weights
     folder: Path | None
 
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.model.output_weight.dtype
+
 
 def _wanted(key: str, names: set[str] | None) -> bool:
     """Whether a checkpoint tensor belongs to `names` (whole names or `model.layers.i.` prefixes)."""
