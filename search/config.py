@@ -52,8 +52,9 @@ class SearchConfig:
     vote_aggregation: str = "last"
     vote_ties: str = "first"
     prm_format: str | None = None  # None: the PRM's own format (search.prm.default_format_for)
-    # Searches in flight at once; their requests share the engines' batches.
-    problem_batch: int = 8
+    # Searches in flight at once; their requests share the engines' batches (16 ran 1.23x
+    # the problems/min of 8 on a 2-core CPU in bf16, docs/benchmarks/problem_batch.md).
+    problem_batch: int = 16
     seed: int = 42
     # FastTTS's speculative beam extension (beam search; search/speculation.py): a beam whose
     # step finished starts its next step at once, kept if the beam survives selection,
