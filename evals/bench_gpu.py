@@ -34,6 +34,7 @@ import torch
 from evals.bench import BENCH_DIR, SideBySide, write_report
 from tts_runtime.config import CacheConfig, ConfigError, EngineConfig, SchedulerConfig
 from tts_runtime.executor.device_memory import device_memory_info, gpu_facts
+from tts_runtime.executor.kv_cache import KVAllocation, allocate_kv_cache
 from tts_runtime.engine.engine import Engine
 from tts_runtime.engine.request import SamplingParams, ScoreParams
 from tts_runtime.models.arch import ArchConfig
@@ -49,8 +50,8 @@ _PROMPT_VOCAB = 128000
 @dataclass(frozen=True)
 class GpuBenchConfig:
     decode_model: str = "llama-3.2-1b"
-    decode_batches: tuple[int, ...] = (64, 256)
-    prompt_tokens: int = 128
+    decode_batches: tuple[int, ...] = (1, 64, 256)
+    decode_contexts: tuple[int, ...] = (512, 2048)  # prompt tokens before decoding starts
     new_tokens: int = 512
     prefill_model: str = "llama-3.1-8b"
     prefill_prompt_tokens: int = 512
@@ -60,6 +61,8 @@ class GpuBenchConfig:
     repeats: int = 3
     seed: int = 0
     search_limit: int = 50  # MATH-500 problems for (c); 0 skips it
+    workloads: tuple[str, ...] = ("decode", "prefill", "search")
+    report_name: str = "gpu"
 
 
 def require_cuda() -> torch.device:
@@ -167,44 +170,55 @@ def _hf_generate(hf, prompts: list[list[int]], new_tokens: int) -> dict:
     return {"tokens": (out.shape[1] - ids.shape[1]) * ids.shape[0]}
 
 
-def _decode_engine(loaded: LoadedModel, config: GpuBenchConfig, **switches: bool) -> Engine:
+def _decode_kv(loaded: LoadedModel, config: GpuBenchConfig, device: torch.device) -> KVAllocation:
+    """One KV allocation for every tts variant: they run one after another, each to the end,
+    with prefix caching off, so none reads what another left (three copies of a batch-256,
+    2k-context KV would not fit beside HF's prefill on an 80 GB GPU)."""
     batch = max(config.decode_batches)
-    per_seq = -(-(config.prompt_tokens + config.new_tokens) // CacheConfig.block_size)
+    per_seq = -(-(max(config.decode_contexts) + config.new_tokens) // CacheConfig.block_size)
+    num_blocks = batch * per_seq + batch
+    caches = allocate_kv_cache(loaded.arch, num_blocks, CacheConfig.block_size, loaded.dtype, device)
+    return KVAllocation(caches, num_blocks, list(range(num_blocks)))
+
+
+def _decode_engine(loaded: LoadedModel, config: GpuBenchConfig, kv: KVAllocation, **switches: bool) -> Engine:
     engine_config = EngineConfig(
         # Prefix caching off: repeats must not reuse the previous repeat's prompt blocks.
-        cache=CacheConfig(num_blocks=batch * per_seq + batch, enable_prefix_caching=False),
-        scheduler=SchedulerConfig(max_num_seqs=batch, max_num_batched_tokens=config.prefill_batch_tokens),
+        cache=CacheConfig(num_blocks=kv.num_blocks, enable_prefix_caching=False),
+        scheduler=SchedulerConfig(max_num_seqs=max(config.decode_batches),
+                                  max_num_batched_tokens=config.prefill_batch_tokens),
         **switches)
-    return Engine(loaded.name, engine_config, loaded=loaded)
+    return Engine(loaded.name, engine_config, loaded=loaded, kv=kv)
 
 
-def bench_decode(config: GpuBenchConfig, device: torch.device) -> dict[int, SideBySide]:
+def bench_decode(config: GpuBenchConfig, device: torch.device) -> dict[tuple[int, int], SideBySide]:
     name = f"dummy:{config.decode_model}"
     loaded = load_model(name, torch.bfloat16, device)
     # Fused ops are a property of the model: the eager-ops ablation gets its own copy
     # (dummy weights are seeded per parameter name, so the copies are identical).
     loaded_eager = load_model(name, torch.bfloat16, device)
+    kv = _decode_kv(loaded, config, device)
     engines = {
-        "tts": _decode_engine(loaded, config),
-        "tts_no_graphs": _decode_engine(loaded, config, cuda_graphs=False),
-        "tts_eager_ops": _decode_engine(loaded_eager, config, compile=False),
+        "tts": _decode_engine(loaded, config, kv),
+        "tts_no_graphs": _decode_engine(loaded, config, kv, cuda_graphs=False),
+        "tts_eager_ops": _decode_engine(loaded_eager, config, kv, compile=False),
     }
     hf = _hf_model(config.decode_model, device)
     results = {}
-    for batch in config.decode_batches:
-        prompts = _random_prompts(batch, config.prompt_tokens, config.seed + batch)
+    for context, batch in ((c, b) for c in config.decode_contexts for b in config.decode_batches):
+        prompts = _random_prompts(batch, context, config.seed + batch)
         variants: dict[str, Callable[[], dict]] = {
             "hf": lambda: _hf_generate(hf, prompts, config.new_tokens)}
         for label, engine in engines.items():
             variants[label] = lambda engine=engine: _tts_generate(engine, prompts, config.new_tokens)
         for fn in variants.values():  # warm-up: Triton compilation, cuBLAS heuristics
             fn()
-        side = SideBySide(f"decode batch {batch}")
+        side = SideBySide(f"decode batch {batch} context {context}")
         side.run(variants, config.repeats)
-        results[batch] = side
+        results[batch, context] = side
     for engine in engines.values():
         engine.shutdown()
-    del engines, loaded, loaded_eager, hf
+    del engines, kv, loaded, loaded_eager, hf
     torch.cuda.empty_cache()
     return results
 
@@ -276,33 +290,25 @@ def run_gpu_bench(config: GpuBenchConfig | None = None, command: str = "tts benc
     torch.cuda.reset_peak_memory_stats(device)
     bandwidth = measure_hbm_bandwidth(device)
     matmul = measure_bf16_matmul(device)
-    decode = bench_decode(config, device)
-    prefill = bench_prefill(config, device)
-    search = bench_search_on_gpu(config.search_limit) if config.search_limit else None
+    decode = bench_decode(config, device) if "decode" in config.workloads else {}
+    prefill = bench_prefill(config, device) if "prefill" in config.workloads else None
+    search = bench_search_on_gpu(config.search_limit) \
+        if config.search_limit and "search" in config.workloads else None
 
     rows, summary = [], {"config": asdict(config), "hbm_bytes_per_s": bandwidth, "bf16_flops": matmul,
                          "decode": {}, "prefill": {}}
     decode_arch = _arch(config.decode_model)
-    for batch, side in decode.items():
+    for (batch, context), side in decode.items():
         rates = _rates(side)
         roof = batch * config.new_tokens / decode_roofline_seconds(
-            decode_arch, batch, config.prompt_tokens, config.new_tokens, bandwidth, matmul)
-        summary["decode"][batch] = {"tokens_per_s": rates, "roofline_tokens_per_s": roof,
-                                    "vs_hf": rates["tts"] / rates["hf"],
-                                    "roofline_fraction": rates["tts"] / roof, "raw": side.runs}
-        rows.append(_row(f"decode {config.decode_model} batch {batch}, {config.prompt_tokens}+{config.new_tokens} "
+            decode_arch, batch, context, config.new_tokens, bandwidth, matmul)
+        summary["decode"][f"batch {batch} context {context}"] = {
+            "tokens_per_s": rates, "roofline_tokens_per_s": roof, "vs_hf": rates["tts"] / rates["hf"],
+            "roofline_fraction": rates["tts"] / roof, "raw": side.runs}
+        rows.append(_row(f"decode {config.decode_model} batch {batch}, {context}+{config.new_tokens} "
                          "tokens (output tok/s)", rates, "hf", roof, ">= 3x HF; >= 50% roofline at 256"))
-    prefill_arch = _arch(config.prefill_model)
-    rates = _rates(prefill)
-    roof = matmul / prefill_flops_per_token(prefill_arch, config.prefill_prompt_tokens)
-    summary["prefill"] = {"tokens_per_s": rates, "roofline_tokens_per_s": roof,
-                          "vs_hf": rates["tts"] / rates["hf"],
-                          "vs_hf_last_logits": rates["tts"] / rates["hf_last_logits"],
-                          "roofline_fraction": rates["tts"] / roof, "raw": prefill.runs}
-    rows.append(_row(f"prefill {config.prefill_model} score, {config.prefill_requests} x "
-                     f"{config.prefill_prompt_tokens} tokens (prompt tok/s)", rates, "hf", roof,
-                     ">= 3x HF; >= 50% roofline"))
-    rows.append(_row("  same, vs HF with logits_to_keep=1", rates, "hf_last_logits", roof, "(context)"))
+    if prefill is not None:
+        _prefill_rows(config, prefill, matmul, summary, rows)
     if search is not None:
         summary["search"] = search
         rows.append(_search_row(search, config.search_limit))
@@ -336,7 +342,21 @@ def run_gpu_bench(config: GpuBenchConfig | None = None, command: str = "tts benc
                      "tts with problems in flight vs the plain HF baseline one problem at a time); its full "
                      f"report is docs/benchmarks/gpu-search/search.md ({search['problems']} problems).")
     title = "GPU benchmark: tts vs HF transformers and rooflines"
-    return str(write_report("gpu", title, command, summary, rows, notes))
+    return str(write_report(config.report_name, title, command, summary, rows, notes))
+
+
+def _prefill_rows(config: GpuBenchConfig, prefill: SideBySide, matmul: float, summary: dict,
+                  rows: list[dict]) -> None:
+    rates = _rates(prefill)
+    roof = matmul / prefill_flops_per_token(_arch(config.prefill_model), config.prefill_prompt_tokens)
+    summary["prefill"] = {"tokens_per_s": rates, "roofline_tokens_per_s": roof,
+                          "vs_hf": rates["tts"] / rates["hf"],
+                          "vs_hf_last_logits": rates["tts"] / rates["hf_last_logits"],
+                          "roofline_fraction": rates["tts"] / roof, "raw": prefill.runs}
+    rows.append(_row(f"prefill {config.prefill_model} score, {config.prefill_requests} x "
+                     f"{config.prefill_prompt_tokens} tokens (prompt tok/s)", rates, "hf", roof,
+                     ">= 3x HF; >= 50% roofline"))
+    rows.append(_row("  same, vs HF with logits_to_keep=1", rates, "hf_last_logits", roof, "(context)"))
 
 
 def bench_search_on_gpu(limit: int) -> dict:
@@ -379,14 +399,21 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeats", type=int, default=GpuBenchConfig.repeats)
     parser.add_argument("--decode-batches", type=int, nargs="+", default=list(GpuBenchConfig.decode_batches))
+    parser.add_argument("--decode-contexts", type=int, nargs="+", default=list(GpuBenchConfig.decode_contexts),
+                        help="prompt tokens before decoding starts")
     parser.add_argument("--new-tokens", type=int, default=GpuBenchConfig.new_tokens)
     parser.add_argument("--prefill-requests", type=int, default=GpuBenchConfig.prefill_requests)
     parser.add_argument("--search-limit", type=int, default=GpuBenchConfig.search_limit,
                         help="MATH-500 problems for the search benchmark; 0 skips it")
+    parser.add_argument("--workloads", nargs="+", choices=GpuBenchConfig.workloads,
+                        default=list(GpuBenchConfig.workloads))
+    parser.add_argument("--report-name", default=GpuBenchConfig.report_name,
+                        help="docs/benchmarks/<name>.{md,json}")
     args = parser.parse_args(argv)
-    config = GpuBenchConfig(decode_batches=tuple(args.decode_batches), new_tokens=args.new_tokens,
-                            prefill_requests=args.prefill_requests, repeats=args.repeats,
-                            search_limit=args.search_limit)
+    config = GpuBenchConfig(decode_batches=tuple(args.decode_batches), decode_contexts=tuple(args.decode_contexts),
+                            new_tokens=args.new_tokens, prefill_requests=args.prefill_requests,
+                            repeats=args.repeats, search_limit=args.search_limit,
+                            workloads=tuple(args.workloads), report_name=args.report_name)
     command = "python -m evals.bench_gpu " + " ".join(argv if argv is not None else sys.argv[1:])
     try:
         print(run_gpu_bench(config, command.strip()))

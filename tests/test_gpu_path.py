@@ -695,7 +695,34 @@ def test_gpu_memory_info_and_bench_smoke(tmp_path, monkeypatch):
     assert info.source in ("nvml", "cuda") and info.total > 0 and info.allocator is not None
     assert info.non_torch is not None and info.non_torch >= 0
     monkeypatch.chdir(tmp_path)  # the report goes to ./docs/benchmarks
-    tiny = GpuBenchConfig(decode_batches=(4,), new_tokens=8, prefill_model="llama-3.2-1b", prefill_requests=4,
+    tiny = GpuBenchConfig(decode_batches=(4,), decode_contexts=(16,), new_tokens=8, prefill_model="llama-3.2-1b", prefill_requests=4,
                           prefill_batch_tokens=1024, repeats=1, search_limit=0)
     path = run_gpu_bench(tiny, "pytest smoke")
     assert (tmp_path / "docs/benchmarks/gpu.json").is_file() and path.endswith("gpu.md")
+
+
+def test_gpu_session_refuses_an_unknown_step_and_packs_what_it_ran(tmp_path, monkeypatch, capsys):
+    """The prepared lease script: a misspelt step is refused before anything runs; a step
+    that fails (no nvidia-smi here) is logged with its exit code and packed."""
+    import tarfile
+
+    from evals.gpu_session import main
+
+    monkeypatch.chdir(tmp_path)
+    assert main(["--out", str(tmp_path), "--budget", "60", "--steps", "facts", "tests-kernel"]) == 2
+    assert "unknown step(s) tests-kernel" in capsys.readouterr().out
+    assert not (tmp_path / "gpu_session.tgz").exists()
+    assert main(["--out", str(tmp_path), "--budget", "60", "--steps", "facts"]) == 0
+    with tarfile.open(tmp_path / "gpu_session.tgz") as archive:
+        names = archive.getnames()
+    assert "gpu_session/facts.log" in names and "gpu_session/summary.txt" in names
+    assert (tmp_path / "runs/gpu_session/summary.txt").read_text().startswith("facts: rc ")
+
+
+def test_profile_gpu_refuses_without_cuda():
+    from evals.profile_gpu import main
+
+    if torch.cuda.is_available():
+        pytest.skip("this checks the refusal on a machine without CUDA")
+    with pytest.raises(SystemExit, match="needs a CUDA GPU"):
+        main(["--out", "/tmp/never-written"])
