@@ -1,16 +1,24 @@
 """A run folder: `config.json`, `results.jsonl` (one line per finished problem, flushed and
-fsynced as each problem ends) and `metrics.json`.
+fsynced as each problem ends), `metrics.json` and `history.jsonl` (each start's and each
+resume's configuration), held under an exclusive lock for the life of a run.
 
-A killed run loses no finished problem: `--resume` reads `results.jsonl` back, drops a
-last line torn by the kill, and skips the problems already there. A problem whose search
-raised has a line with its id and `error` instead of a result; `--resume` searches it
-again (a later result line for the same id supersedes it).
+A killed run loses no finished problem: `--resume` reads `results.jsonl` back, keeps every
+complete JSON line (a last line that lost only its newline too), drops a last line torn by
+the kill, moves lines it cannot decode to `results.corrupt.jsonl`, and skips the problems
+already there. A problem whose search raised has a line with its id and `error` instead of
+a result; `--resume` searches it again (a later result line for the same id supersedes it).
 """
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import json
+import logging
 import os
+import secrets
+import socket
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
@@ -21,44 +29,145 @@ from tts_runtime.config import ConfigError
 CONFIG_FILE = "config.json"
 RESULTS_FILE = "results.jsonl"
 METRICS_FILE = "metrics.json"
-# config.json sections that must match for a resumed run to continue the same experiment.
+HISTORY_FILE = "history.jsonl"
+CORRUPT_FILE = "results.corrupt.jsonl"
+LOCK_FILE = ".lock"
+RUN_FILES = frozenset({CONFIG_FILE, RESULTS_FILE, METRICS_FILE, HISTORY_FILE, CORRUPT_FILE, LOCK_FILE})
+# config.json sections that must match for a resumed run to continue the same experiment,
+# less the fields that change how fast it runs, not what it finds.
 _RESUME_KEYS = ("method", "search", "models", "dataset")
+_RESULT_NEUTRAL = {"search": ("problem_batch",), "dataset": ("limit",)}
+
+log = logging.getLogger(__name__)
+
+
+class RunFolderWriteError(ConfigError):
+    """The folder could not take a write (disk full, file-size limit, I/O error): the run
+    stops, with every result written so far intact."""
 
 
 @dataclass
 class RunFolder:
     path: Path
     _results: TextIO | None = field(default=None, repr=False)  # results.jsonl, opened on first append
+    _lock: int | None = field(default=None, repr=False)  # fd of .lock, flock-ed while the run lives
 
     @classmethod
     def open(cls, path: str | Path, *, resume: bool) -> RunFolder:
-        """The folder for a new run (it must not hold one already) or for `resume`."""
+        """The folder for a new run (absent or empty) or for `resume` (one that holds a
+        run), locked against every other run until `release()` or the process ends."""
         folder = cls(Path(path))
         if folder.path.exists() and not folder.path.is_dir():
             raise ConfigError(f"output folder {folder.path} is a file; choose another --out")
-        if not resume and (folder.path / RESULTS_FILE).exists():
-            raise ConfigError(f"output folder {folder.path} already holds a run; "
-                              "pass --resume to continue it or choose another --out")
+        if resume and not folder.path.is_dir():
+            raise ConfigError(f"there is no run to resume in {folder.path}: the folder does not exist; "
+                              "check --out, or drop --resume to start a new run")
         try:
             folder.path.mkdir(parents=True, exist_ok=True)
-            probe = folder.path / ".write-test"
-            probe.write_text("")
-            probe.unlink()
         except OSError as exc:
-            raise ConfigError(f"cannot write to output folder {folder.path}: "
-                              f"{exc.strerror or exc}") from exc
+            raise ConfigError(f"cannot write to output folder {folder.path}: {exc.strerror or exc}") from exc
+        folder._acquire_lock()
+        try:
+            folder._check_contents(resume)
+        except BaseException:
+            folder.release()
+            raise
         return folder
+
+    def _acquire_lock(self) -> None:
+        lock_path = self.path / LOCK_FILE
+        try:
+            fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as exc:
+            raise ConfigError(f"cannot write to output folder {self.path}: {exc.strerror or exc}") from exc
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 200, 0).decode("utf-8", "replace").strip() or "another process"
+            os.close(fd)
+            raise ConfigError(f"output folder {self.path} is in use by {holder}; wait for that run to end "
+                              "or choose another --out") from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()}\n".encode(), 0)
+        self._lock = fd
+
+    def _check_contents(self, resume: bool) -> None:
+        names = {entry.name for entry in self.path.iterdir()}
+        foreign = sorted(names - RUN_FILES - {f"{name}.tmp" for name in RUN_FILES}
+                         - {n for n in names if n.startswith(".tmp-")})
+        if foreign:
+            raise ConfigError(f"output folder {self.path} holds files that are not a tts run "
+                              f"({', '.join(foreign[:3])}{', ...' if len(foreign) > 3 else ''}); "
+                              "choose an empty or new --out")
+        holds_run = bool(names & {CONFIG_FILE, RESULTS_FILE, HISTORY_FILE})
+        if resume and not holds_run:
+            raise ConfigError(f"there is no run to resume in {self.path}; check --out, or drop --resume "
+                              "to start a new run there")
+        if not resume and holds_run:
+            raise ConfigError(f"output folder {self.path} already holds a run; "
+                              "pass --resume to continue it or choose another --out")
+
+    def release(self) -> None:
+        """Close the results file and unlock the folder for other runs."""
+        self.close()
+        if self._lock is not None:
+            os.close(self._lock)  # closing the descriptor drops the flock
+            self._lock = None
+
+    def __enter__(self) -> RunFolder:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.release()
+
+    def __del__(self) -> None:
+        # A folder dropped without release() (an API caller's) must not stay locked.
+        if self._lock is not None:
+            os.close(self._lock)
 
     # -- config ----------------------------------------------------------------------
     def write_config(self, config: dict[str, Any]) -> None:
-        """Write config.json; on resume, first check the stored run is the same experiment."""
-        stored = self.read_json(CONFIG_FILE)
+        """Record this session's configuration. A new run writes config.json; a resume first
+        checks the stored run is the same experiment and leaves config.json as the first
+        session wrote it. Either way the session is appended to history.jsonl."""
+        stored = self._stored_config()
         if stored is not None and self.finished_results():
-            changed = [key for key in _RESUME_KEYS if stored.get(key) != config.get(key)]
+            changed = [key for key in _RESUME_KEYS if _comparable(key, stored) != _comparable(key, config)]
             if changed:
                 raise ConfigError(f"cannot resume {self.path}: its {', '.join(changed)} differ from this "
                                   "command's; rerun with the same options or choose another --out")
-        self._write_json(CONFIG_FILE, config)
+        if stored is None:
+            self._write_json(CONFIG_FILE, config)
+        event = "start" if stored is None else "resume"
+        self._append_line(HISTORY_FILE, {"event": event, "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                                         "config": config})
+
+    def _stored_config(self) -> dict[str, Any] | None:
+        """config.json, or when a power loss left it empty or torn, the last configuration in
+        history.jsonl (None: neither, so this session's configuration becomes the run's)."""
+        try:
+            return self.read_json(CONFIG_FILE)
+        except ConfigError as exc:
+            history = self._history()
+            log.warning("%s; %s", exc, "using the last configuration in history.jsonl" if history
+                        else "the results stay and this command's configuration is taken as the run's")
+            if history:
+                self._write_json(CONFIG_FILE, history[-1]["config"])
+                return history[-1]["config"]
+            (self.path / CONFIG_FILE).unlink()
+            return None
+
+    def _history(self) -> list[dict[str, Any]]:
+        path = self.path / HISTORY_FILE
+        if not path.exists():
+            return []
+        entries = []
+        for line in path.read_bytes().splitlines():
+            try:
+                entries.append(json.loads(line))
+            except (json.JSONDecodeError, UnicodeDecodeError):
+                continue  # a torn last entry: the earlier ones still tell the story
+        return [entry for entry in entries if isinstance(entry, dict) and "config" in entry]
 
     # -- results ---------------------------------------------------------------------
     def finished_results(self) -> list[ProblemResult]:
@@ -72,37 +181,57 @@ class RunFolder:
         return [record for record in records if isinstance(record, FailedProblem) and record.id not in solved]
 
     def _records(self) -> list[ProblemResult | FailedProblem]:
-        """Every line of results.jsonl. A torn last line (the run was killed mid-write) is cut off."""
+        """Every readable line of results.jsonl. Only the lock holder calls this, so nothing
+        else is writing: a last line that does not parse was torn by a kill and is cut off;
+        any other line that does not decode is moved to results.corrupt.jsonl."""
         path = self.path / RESULTS_FILE
         if not path.exists():
             return []
-        data = path.read_bytes()
-        good_end = data.rfind(b"\n") + 1
-        if good_end < len(data):
-            with path.open("r+b") as handle:
-                handle.truncate(good_end)
-        results = []
-        for number, line in enumerate(data[:good_end].decode("utf-8").splitlines(), start=1):
+        lines = path.read_bytes().split(b"\n")
+        last = lines.pop()  # after the final newline: b"" unless the last line lost its newline
+        records, keep, corrupt = [], [], []
+        for line in lines:
             if not line.strip():
                 continue
-            try:
-                row = json.loads(line)
-                results.append(FailedProblem(**row) if "error" in row else ProblemResult.from_dict(row))
-            except (json.JSONDecodeError, TypeError) as exc:
-                raise ConfigError(f"{path} line {number} is not a result this version can read ({exc}); "
-                                  "start a new run with another --out") from exc
-        return results
+            record = _decode(line)
+            (keep if record is not None else corrupt).append(line)
+            if record is not None:
+                records.append(record)
+        last_record = _decode(last) if last.strip() else None
+        if last_record is not None:  # complete, only its newline was lost
+            records.append(last_record)
+            keep.append(last)
+        if corrupt or last.strip():
+            if corrupt:
+                self._append_bytes(CORRUPT_FILE, b"".join(line + b"\n" for line in corrupt))
+                log.warning("%s: %d line(s) that could not be read moved to %s", path, len(corrupt), CORRUPT_FILE)
+            self._replace_bytes(RESULTS_FILE, b"".join(line + b"\n" for line in keep))
+        return records
 
     def append(self, result: ProblemResult | FailedProblem) -> None:
-        if self._results is None:
-            self._results = (self.path / RESULTS_FILE).open("a", encoding="utf-8")
-        self._results.write(json.dumps(result.to_dict(), ensure_ascii=False) + "\n")
-        self._results.flush()
-        os.fsync(self._results.fileno())
+        try:
+            if self._results is None:
+                self._results = (self.path / RESULTS_FILE).open("a", encoding="utf-8")
+            self._results.write(json.dumps(result.to_dict(), ensure_ascii=False) + "\n")
+            self._results.flush()
+            os.fsync(self._results.fileno())
+        except OSError as exc:
+            # A half-written line stays behind; the next resume cuts it off.
+            self._drop_results_handle()
+            raise self._write_error(RESULTS_FILE, exc) from exc
 
     def close(self) -> None:
         if self._results is not None:
-            self._results.close()
+            try:
+                self._results.close()
+            except OSError:
+                pass  # the line that failed is already reported; a resume cuts what is torn
+            self._results = None
+
+    def _drop_results_handle(self) -> None:
+        try:
+            self.close()
+        except OSError:
             self._results = None
 
     # -- metrics ---------------------------------------------------------------------
@@ -115,13 +244,69 @@ class RunFolder:
         if not path.exists():
             return None
         try:
-            return json.loads(path.read_text(encoding="utf-8"))
-        except json.JSONDecodeError as exc:
-            raise ConfigError(f"{path} is not valid JSON ({exc.msg}); start a new run with another --out") from exc
+            return json.loads(path.read_bytes().decode("utf-8"))
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise ConfigError(f"{path} is not valid JSON ({getattr(exc, 'msg', exc)})") from exc
 
     def _write_json(self, name: str, data: dict[str, Any]) -> None:
-        # Write then rename: a kill never leaves a half-written file.
-        target = self.path / name
-        tmp = target.with_suffix(target.suffix + ".tmp")
-        tmp.write_text(json.dumps(data, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
-        tmp.replace(target)
+        self._replace_bytes(name, (json.dumps(data, indent=2, ensure_ascii=False) + "\n").encode("utf-8"))
+
+    def _replace_bytes(self, name: str, data: bytes) -> None:
+        """Temp file + fsync + rename + fsync of the folder: after a crash or a power loss the
+        file is the old one or the new one, never a mix, and the rename itself is durable."""
+        tmp = self.path / f".tmp-{name}-{os.getpid()}-{secrets.token_hex(4)}"
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            try:
+                with os.fdopen(fd, "wb") as handle:
+                    handle.write(data)
+                    handle.flush()
+                    os.fsync(handle.fileno())
+                os.replace(tmp, self.path / name)
+            except BaseException:
+                tmp.unlink(missing_ok=True)
+                raise
+            self._fsync_folder()
+        except OSError as exc:
+            raise self._write_error(name, exc) from exc
+
+    def _append_line(self, name: str, data: dict[str, Any]) -> None:
+        self._append_bytes(name, (json.dumps(data, ensure_ascii=False) + "\n").encode("utf-8"))
+
+    def _append_bytes(self, name: str, data: bytes) -> None:
+        try:
+            with (self.path / name).open("ab") as handle:
+                handle.write(data)
+                handle.flush()
+                os.fsync(handle.fileno())
+        except OSError as exc:
+            raise self._write_error(name, exc) from exc
+
+    def _fsync_folder(self) -> None:
+        fd = os.open(self.path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    def _write_error(self, name: str, exc: OSError) -> RunFolderWriteError:
+        full = exc.errno in (errno.ENOSPC, errno.EFBIG, errno.EDQUOT)
+        reason = "the disk is full (or a file-size limit was reached)" if full else (exc.strerror or str(exc))
+        return RunFolderWriteError(f"cannot write {self.path / name}: {reason}; the results written so far are "
+                                   f"intact: free space and continue with --resume --out {self.path}")
+
+
+def _decode(line: bytes) -> ProblemResult | FailedProblem | None:
+    try:
+        row = json.loads(line.decode("utf-8"))
+        return FailedProblem(**row) if "error" in row else ProblemResult.from_dict(row)
+    except (UnicodeDecodeError, json.JSONDecodeError, TypeError, KeyError, AttributeError):
+        return None
+
+
+def _comparable(key: str, config: dict[str, Any]) -> Any:
+    section = config.get(key)
+    neutral = _RESULT_NEUTRAL.get(key)
+    if not neutral or not isinstance(section, dict):
+        return section
+    return {name: value for name, value in section.items() if name not in neutral}

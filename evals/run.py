@@ -13,7 +13,7 @@ from typing import Any
 
 from evals.environment import environment
 from evals.metrics import RunCounters, run_metrics
-from evals.report import RunFolder
+from evals.report import RunFolder, RunFolderWriteError
 from search.config import SearchConfig
 from search.driver import run_search
 from search.prm import check_prm_head
@@ -100,17 +100,28 @@ def run_into_folder(runtime: Runtime, problems: Sequence[Problem], config: Searc
     before = RunCounters.read(runtime, cache)
     cohost_before = runtime.cohost_counters()
     start = time.perf_counter()
+
+    def write_metrics() -> None:
+        seconds = time.perf_counter() - start
+        work = RunCounters.read(runtime, cache) - before
+        cohost_after = runtime.cohost_counters()
+        cohost = None if cohost_after is None else (cohost_after - cohost_before).report(seconds, runtime.cohost)
+        outcome.metrics = run_metrics(previous + outcome.new, outcome.new, seconds, work,
+                                      runtime.memory_metrics(), cohost)
+        outcome.metrics["failed"] = failed_metrics(outcome.failed)
+        folder.write_metrics(outcome.metrics)
+
     try:
         run_search(runtime, todo, config, on_result=record, cache=cache, progress=progress,
                    on_failure=record_failure)
+    except RunFolderWriteError:
+        folder.close()
+        try:  # metrics over what was written, if the disk still takes the small file
+            write_metrics()
+        except RunFolderWriteError:
+            pass
+        raise
     finally:
         folder.close()
-    seconds = time.perf_counter() - start
-    work = RunCounters.read(runtime, cache) - before
-    cohost_after = runtime.cohost_counters()
-    cohost = None if cohost_after is None else (cohost_after - cohost_before).report(seconds, runtime.cohost)
-    outcome.metrics = run_metrics(previous + outcome.new, outcome.new, seconds, work, runtime.memory_metrics(),
-                                  cohost)
-    outcome.metrics["failed"] = failed_metrics(outcome.failed)
-    folder.write_metrics(outcome.metrics)
+    write_metrics()
     return outcome

@@ -53,12 +53,17 @@ async def arun_search(runtime: Runtime, problems: Sequence[Problem], config: Sea
 
     async def one(problem: Problem) -> ProblemResult | None:
         try:
-            return await searched(problem)
+            result = await searched(problem)
         except Exception as exc:
             if on_failure is None:
                 raise
             on_failure(problem, exc)
             return None
+        # Outside the try: a result that cannot be recorded (a full disk) ends the run
+        # instead of being counted as this problem's failure.
+        if on_result is not None:
+            on_result(result)
+        return result
 
     async def searched(problem: Problem) -> ProblemResult:
         async with slots:
@@ -70,8 +75,6 @@ async def arun_search(runtime: Runtime, problems: Sequence[Problem], config: Sea
                 steps.close()
                 live.in_flight.pop(problem.id, None)
             session.cache.drop_problem(problem.id)
-        if on_result is not None:
-            on_result(result)
         return result
 
     tasks = [asyncio.ensure_future(one(problem)) for problem in problems]

@@ -98,7 +98,7 @@ def test_run_folder_round_trips_results_and_cuts_a_torn_line(tmp_path):
     folder.write_config({"method": "beam", "search": {"n": 4}})
     folder.append(_result("a"))
     folder.append(_result("b"))
-    folder.close()
+    folder.release()
     with (tmp_path / "run" / RESULTS_FILE).open("a") as handle:
         handle.write('{"id": "c", "lev')  # killed mid-write
     resumed = RunFolder.open(tmp_path / "run", resume=True)
@@ -110,7 +110,7 @@ def test_run_folder_refuses_to_mix_runs(tmp_path):
     folder = RunFolder.open(tmp_path / "run", resume=False)
     folder.write_config({"method": "beam", "search": {"n": 4}})
     folder.append(_result("a"))
-    folder.close()
+    folder.release()
     with pytest.raises(ConfigError, match="already holds a run"):
         RunFolder.open(tmp_path / "run", resume=False)
     with pytest.raises(ConfigError, match="its search differ"):

@@ -1,0 +1,164 @@
+"""Faults a run folder must survive, on real files and real processes: a second run on a
+locked folder, folders that are not runs, torn / newline-less / garbled / non-UTF-8 lines,
+a config.json emptied by a power loss, and a disk that fills up mid-run.
+docs/reliability.md lists each fault, what the run does, and the test here that shows it."""
+
+from __future__ import annotations
+
+import json
+import resource
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from evals.report import CONFIG_FILE, CORRUPT_FILE, HISTORY_FILE, RESULTS_FILE, RunFolder
+from search.results import BeamResult, ProblemResult
+from tts_runtime.config import ConfigError
+
+TINY = ["--n", "4", "--beam-width", "2", "--num-iterations", "2", "--max-step-tokens", "32", "--max-tokens", "48"]
+CONFIG = {"method": "beam", "search": {"n": 4, "problem_batch": 16}, "dataset": {"name": "math500", "limit": 2}}
+
+
+def _result(problem_id: str) -> ProblemResult:
+    beam = BeamResult(["x = 1\n\n", "$\\boxed{1}$"], [0.5, 0.9], 0.9, "1", "eos", 12)
+    return ProblemResult(problem_id, 1, "Algebra", "1", "1", True, 0.9, "1", True, "1", True, [beam])
+
+
+def _run_with(path: Path, *ids: str, config: dict = CONFIG) -> None:
+    with RunFolder.open(path, resume=False) as folder:
+        folder.write_config(config)
+        for problem_id in ids:
+            folder.append(_result(problem_id))
+
+
+def _line(problem_id: str) -> bytes:
+    return (json.dumps(_result(problem_id).to_dict()) + "\n").encode()
+
+
+# -- exclusive use -------------------------------------------------------------------------
+
+def test_a_second_run_on_a_folder_in_use_is_refused_with_its_holder(tmp_path):
+    holder = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
+        import sys, time
+        from evals.report import RunFolder
+        folder = RunFolder.open({str(tmp_path / 'run')!r}, resume=False)
+        print("locked", flush=True)
+        sys.stdin.readline()
+    """)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        for resume in (False, True):
+            with pytest.raises(ConfigError, match=rf"is in use by pid {holder.pid} on "):
+                RunFolder.open(tmp_path / "run", resume=resume)
+    finally:
+        holder.communicate("\n", timeout=30)
+    RunFolder.open(tmp_path / "run", resume=False).release()  # free again once the holder ended
+
+
+def test_folders_that_are_not_a_run_are_refused(tmp_path):
+    with pytest.raises(ConfigError, match="no run to resume .* does not exist"):
+        RunFolder.open(tmp_path / "typo", resume=True)
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ConfigError, match="no run to resume in"):
+        RunFolder.open(tmp_path / "empty", resume=True)
+    (tmp_path / "photos").mkdir()
+    (tmp_path / "photos" / "cat.jpg").write_bytes(b"\xff\xd8")
+    for resume in (False, True):
+        with pytest.raises(ConfigError, match=r"holds files that are not a tts run \(cat.jpg\)"):
+            RunFolder.open(tmp_path / "photos", resume=resume)
+    assert (tmp_path / "photos" / "cat.jpg").read_bytes() == b"\xff\xd8"
+    RunFolder.open(tmp_path / "empty", resume=False).release()  # an empty folder is a fine new run
+
+
+def test_a_started_run_without_results_is_still_a_run(tmp_path):
+    _run_with(tmp_path / "run")  # killed after writing its config, before any problem ended
+    with pytest.raises(ConfigError, match="already holds a run"):
+        RunFolder.open(tmp_path / "run", resume=False)
+    RunFolder.open(tmp_path / "run", resume=True).release()
+
+
+# -- results.jsonl read back on resume -----------------------------------------------------
+
+def test_resume_keeps_complete_lines_cuts_a_torn_one_and_quarantines_garbage(tmp_path):
+    _run_with(tmp_path / "run", "a")
+    results = tmp_path / "run" / RESULTS_FILE
+    garbled = b'{"id": "g", "level": \n'
+    not_utf8 = b'{"id": "\xff\xfe"}\n'
+    results.write_bytes(_line("a") + garbled + _line("b") + not_utf8 + _line("c")[:-1])  # c: no newline
+    with RunFolder.open(tmp_path / "run", resume=True) as folder:
+        assert [r.id for r in folder.finished_results()] == ["a", "b", "c"]
+        folder.append(_result("d"))
+    assert results.read_bytes() == _line("a") + _line("b") + _line("c") + _line("d")
+    assert (tmp_path / "run" / CORRUPT_FILE).read_bytes() == garbled + not_utf8
+
+    results.write_bytes(results.read_bytes() + b'{"id": "e", "lev')  # killed mid-write
+    with RunFolder.open(tmp_path / "run", resume=True) as folder:
+        assert [r.id for r in folder.finished_results()] == ["a", "b", "c", "d"]
+    assert results.read_bytes().endswith(_line("d"))
+
+
+# -- config.json and history.jsonl ---------------------------------------------------------
+
+def test_resume_keeps_the_first_config_and_logs_every_session(tmp_path):
+    _run_with(tmp_path / "run", "a")
+    first = (tmp_path / "run" / CONFIG_FILE).read_bytes()
+    grown = {**CONFIG, "search": {"n": 4, "problem_batch": 64}, "dataset": {"name": "math500", "limit": 10}}
+    with RunFolder.open(tmp_path / "run", resume=True) as folder:
+        folder.write_config(grown)  # a bigger --limit and another --problem-batch change no result
+    assert (tmp_path / "run" / CONFIG_FILE).read_bytes() == first
+    history = [json.loads(line) for line in (tmp_path / "run" / HISTORY_FILE).read_text().splitlines()]
+    assert [entry["event"] for entry in history] == ["start", "resume"]
+    assert history[1]["config"] == grown
+    with RunFolder.open(tmp_path / "run", resume=True) as folder, \
+            pytest.raises(ConfigError, match="its search differ"):
+        folder.write_config({**CONFIG, "search": {"n": 8, "problem_batch": 16}})
+
+
+def test_a_config_emptied_by_a_power_loss_is_recovered_from_the_history(tmp_path):
+    _run_with(tmp_path / "run", "a")
+    (tmp_path / "run" / CONFIG_FILE).write_bytes(b"")
+    with RunFolder.open(tmp_path / "run", resume=True) as folder:
+        folder.write_config(CONFIG)
+        assert [r.id for r in folder.finished_results()] == ["a"]
+    assert json.loads((tmp_path / "run" / CONFIG_FILE).read_text()) == CONFIG
+    (tmp_path / "run" / CONFIG_FILE).write_bytes(b"{")
+    (tmp_path / "run" / HISTORY_FILE).unlink()
+    with RunFolder.open(tmp_path / "run", resume=True) as folder:
+        folder.write_config(CONFIG)  # nothing to recover from: this command's config is taken
+    assert json.loads((tmp_path / "run" / CONFIG_FILE).read_text()) == CONFIG
+
+
+# -- a full disk, on a real run ------------------------------------------------------------
+
+def _limit_file_size(max_bytes: int):
+    def apply() -> None:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (max_bytes, max_bytes))
+    return apply
+
+
+@pytest.mark.slow
+def test_a_full_disk_stops_the_run_with_one_line_and_resume_finishes_it(tmp_path, math500_path):
+    out = tmp_path / "run"
+    command = [sys.executable, "-m", "tts_runtime.cli", "beam", "--dataset-path", str(math500_path),
+               "--device-memory", "3GiB", *TINY, "--limit", "4", "--problem-batch", "1", "--out", str(out)]
+    # Every file may grow to 5000 bytes (`ulimit -f`): config.json fits, results.jsonl takes
+    # about three of the tiny searches' lines (~1.5 kB each) before a write fails.
+    full = subprocess.run(command, capture_output=True, text=True, timeout=900,
+                          preexec_fn=_limit_file_size(5000))
+    assert full.returncode == 2, full.stderr[-3000:]
+    errors = [line for line in full.stderr.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1 and "the disk is full (or a file-size limit was reached)" in errors[0]
+    assert "--resume" in errors[0] and "Traceback" not in full.stderr + full.stdout
+    kept = (out / RESULTS_FILE).read_bytes()
+    complete = [json.loads(line) for line in kept.splitlines() if line.endswith(b"}")]
+    assert 1 <= len(complete) < 4
+
+    again = subprocess.run(command + ["--resume"], capture_output=True, text=True, timeout=900)
+    assert again.returncode == 0, again.stderr[-3000:]
+    rows = [json.loads(line) for line in (out / RESULTS_FILE).read_text().splitlines()]
+    assert len(rows) == 4 and len({row["id"] for row in rows}) == 4
+    assert [row["id"] for row in rows[:len(complete)]] == [row["id"] for row in complete]
+    assert json.loads((out / "metrics.json").read_text())["problems"] == 4
