@@ -43,13 +43,25 @@ def load_problems(
 def _filter(
     problems: list[Problem], *, limit: int | None, levels: set[int] | None, ids: set[str] | None
 ) -> list[Problem]:
+    if limit is not None and limit < 1:
+        raise DatasetError(f"--limit must be >= 1, got {limit}; leave it out to run every problem")
     if ids is not None:
+        _refuse_unmatched("--ids", ids, {p.id for p in problems})
         problems = [p for p in problems if p.id in ids]
     if levels is not None:
+        _refuse_unmatched("--levels", levels, {p.level for p in problems})
         problems = [p for p in problems if p.level in levels]
     if limit is not None:
-        problems = problems[: max(limit, 0)]
+        problems = problems[:limit]
     return problems
+
+
+def _refuse_unmatched(option: str, wanted: set, present: set) -> None:
+    """A filter entry that selects nothing is a typo, not a request for fewer problems."""
+    missing = sorted(str(value) for value in wanted - present)
+    if missing:
+        raise DatasetError(f"{option} entries that match no problem: {', '.join(missing[:5])}"
+                           f"{', ...' if len(missing) > 5 else ''}; check them against the dataset")
 
 
 def _load_math500(dataset_path: str | None) -> list[Problem]:
@@ -93,9 +105,14 @@ def _load_hub() -> list[Problem]:
 def _load_jsonl(path: Path) -> list[Problem]:
     problems = []
     try:
-        lines = path.read_text(encoding="utf-8").splitlines()
+        lines = path.read_bytes().decode("utf-8").splitlines()
     except OSError as exc:
         raise DatasetError(f"cannot read {path}: {exc.strerror}") from exc
+    except UnicodeDecodeError as exc:
+        line = path.read_bytes()[: exc.start].count(b"\n") + 1
+        raise DatasetError(f"{path} line {line} is not UTF-8 text (byte {exc.object[exc.start]:#04x}); "
+                           "save the file as UTF-8") from exc
+    seen: dict[str, int] = {}
     for index, line in enumerate(lines):
         if not line.strip():
             continue
@@ -105,7 +122,12 @@ def _load_jsonl(path: Path) -> list[Problem]:
             raise DatasetError(f"{path} line {index + 1}: invalid JSON ({exc.msg})") from exc
         if not isinstance(row, dict):
             raise DatasetError(f"{path} line {index + 1}: expected a JSON object")
-        problems.append(_problem(row, index, source=f"{path} line {index + 1}"))
+        problem = _problem(row, index, source=f"{path} line {index + 1}")
+        if problem.id in seen:
+            raise DatasetError(f"{path} line {index + 1}: problem id '{problem.id}' is also on line "
+                               f"{seen[problem.id]}; ids must be unique (they key seeds and cached scores)")
+        seen[problem.id] = index + 1
+        problems.append(problem)
     return problems
 
 
@@ -113,6 +135,8 @@ def _problem(row: dict[str, Any], index: int, *, source: str) -> Problem:
     for field in ("problem", "answer"):
         if not isinstance(row.get(field), str):
             raise DatasetError(f"{source}: missing string field '{field}'")
+        if not row[field].strip():
+            raise DatasetError(f"{source}: empty '{field}'")
     subject = row.get("subject")
     return Problem(
         id=str(row.get("unique_id") or index),

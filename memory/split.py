@@ -20,6 +20,7 @@ Policies choose F:
 from __future__ import annotations
 
 import math
+import math
 import re
 from dataclasses import dataclass
 
@@ -36,13 +37,19 @@ _UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "kib": 1 << 10, "m": 1000 ** 2, 
           "tb": 1000 ** 4, "tib": 1 << 40}
 
 
+_LARGEST = 1 << 60  # 1 EiB: past any device, and still exact as an int
+
+
 def parse_size(text: str) -> int:
     """'6GiB', '512MiB', '1.5GB', '2e9' -> bytes."""
     match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:e[0-9]+)?)\s*([a-zA-Z]*)\s*", str(text))
     unit = match.group(2).lower() if match else None
     if match is None or unit not in _UNITS:
         raise ConfigError(f"cannot read memory size '{text}'; write e.g. 6GiB, 512MiB or 8GB")
-    return int(float(match.group(1)) * _UNITS[unit])
+    size = float(match.group(1)) * _UNITS[unit]
+    if not math.isfinite(size) or size >= _LARGEST:
+        raise ConfigError(f"memory size '{text}' is too large to be a device's memory; write e.g. 6GiB or 80GB")
+    return int(size)
 
 
 @dataclass(frozen=True)

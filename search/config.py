@@ -68,7 +68,7 @@ class SearchConfig:
             (self.method in METHODS, f"unknown search method '{self.method}'; choose one of {', '.join(METHODS)}"),
             (self.n >= 1, f"n must be >= 1, got {self.n}"),
             (self.beam_width >= 1, f"beam width must be >= 1, got {self.beam_width}"),
-            (self.method == "bon" or self.n % self.beam_width == 0,
+            (self.method == "bon" or self.beam_width < 1 or self.n % self.beam_width == 0,
              f"n ({self.n}) must be a multiple of the beam width ({self.beam_width})"),
             (self.num_iterations >= 1, f"num_iterations must be >= 1, got {self.num_iterations}"),
             (self.temperature >= 0, f"temperature must be >= 0, got {self.temperature}"),

@@ -58,9 +58,11 @@ def test_math500_filters(data_env: None) -> None:
     assert level5 and all(p.level == 5 for p in level5)
     assert load_problems("math500", levels={5}, limit=4) == level5[:4]
 
-    wanted = {all_problems[10].id, all_problems[3].id, "no/such/id"}
+    wanted = {all_problems[10].id, all_problems[3].id}
     picked = load_problems("math500", ids=wanted)
     assert [p.id for p in picked] == [all_problems[3].id, all_problems[10].id]  # file order
+    with pytest.raises(DatasetError, match="--ids entries that match no problem: no/such/id"):
+        load_problems("math500", ids=wanted | {"no/such/id"})  # a typo is not a smaller selection
 
     # ids, then levels, then limit
     mixed = load_problems("math500", ids={p.id for p in all_problems[:50]}, levels={1, 2}, limit=2)

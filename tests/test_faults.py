@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import resource
 import shutil
 import subprocess
@@ -218,3 +219,56 @@ def test_a_broken_assembled_demo_model_is_assembled_again(tmp_path):
                           env={**os.environ, "HOME": str(tmp_path)})
     assert done.returncode == 0, done.stderr[-2000:]
     assert Path(done.stdout.strip()) == broken and broken.stat().st_size > 200_000_000
+
+
+# -- bad input: one line, before any model loads --------------------------------------------
+
+@pytest.mark.parametrize("args, fragment", [
+    (["beam", "--beam-width", "0"], "beam width must be >= 1, got 0"),
+    (["dvts", "--beam-width", "0"], "beam width must be >= 1, got 0"),
+    (["sweep-memory", "--beam-width", "0"], "beam width must be >= 1, got 0"),
+    (["beam", "--device", "bogus"], "unknown device 'bogus'"),
+    (["beam", "--device", "mps"], "device 'mps' is not supported"),
+    (["beam", "--device-memory", "1e999"], "memory size '1e999' is too large"),
+    (["beam", "--limit", "0"], "--limit must be >= 1, got 0"),
+    (["sweep-memory", "--limit", "0"], "--limit must be >= 1, got 0"),
+    (["beam", "--ids", "test/algebra/1349.json,test/algebra/none.json"],
+     "--ids entries that match no problem: test/algebra/none.json"),
+    (["beam", "--levels", "1,9"], "--levels entries that match no problem: 9"),
+])
+def test_bad_options_are_one_line_errors(args, fragment, math500_path, tmp_path):
+    from typer.testing import CliRunner
+
+    from tts_runtime.cli import app
+
+    result = CliRunner().invoke(app, [*args, "--out", str(tmp_path / "run")],
+                                env={"TTS_DATA_DIR": str(math500_path.parents[1])})
+    lines = result.output.strip().splitlines()
+    assert result.exit_code == 2 and len(lines) == 1 and lines[0].startswith("error: "), result.output
+    assert fragment in lines[0]
+
+
+def test_a_zero_token_budget_is_refused_where_it_is_configured():
+    from tts_runtime.config import SchedulerConfig
+
+    with pytest.raises(ConfigError, match="token budget per step must be >= 1, got 0"):
+        SchedulerConfig(max_num_batched_tokens=0)
+    with pytest.raises(ConfigError, match="sequence cap per step must be >= 1"):
+        SchedulerConfig(max_num_seqs=0)
+
+
+@pytest.mark.parametrize("content, fragment", [
+    (b'{"problem": "1+1?", "answer": "2", "unique_id": "a"}\n{"problem": "caf\xe9", "answer": "1"}\n',
+     "line 2 is not UTF-8 text (byte 0xe9)"),
+    (b'{"problem": "  ", "answer": "2"}\n', "line 1: empty 'problem'"),
+    (b'{"problem": "1+1?", "answer": ""}\n', "line 1: empty 'answer'"),
+    (b'{"problem": "1+1?", "answer": "2", "unique_id": "a"}\n{"problem": "2+2?", "answer": "4", "unique_id": "a"}\n',
+     "line 2: problem id 'a' is also on line 1"),
+])
+def test_bad_dataset_files_are_one_line_errors(content, fragment, tmp_path):
+    from evals.datasets import load_problems
+
+    path = tmp_path / "problems.jsonl"
+    path.write_bytes(content)
+    with pytest.raises(ConfigError, match=re.escape(fragment)):
+        load_problems(str(path))

@@ -76,6 +76,14 @@ class SchedulerConfig:
     # one after another (first-come order between groups), so their prefix stays hot.
     prefix_aware_order: bool = False
 
+    def __post_init__(self) -> None:
+        if self.max_num_batched_tokens < 1:
+            raise ConfigError(f"the token budget per step must be >= 1, got {self.max_num_batched_tokens}")
+        if self.max_num_seqs < 1:
+            raise ConfigError(f"the sequence cap per step must be >= 1, got {self.max_num_seqs}")
+        if self.max_prefill_chunk is not None and self.max_prefill_chunk < 1:
+            raise ConfigError(f"the prefill chunk must be >= 1 token, got {self.max_prefill_chunk}")
+
 
 @dataclass(frozen=True)
 class ParallelConfig:
@@ -202,7 +210,12 @@ class EngineConfig:
 def resolve_device(device: str) -> torch.device:
     if device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    dev = torch.device(device)
+    try:
+        dev = torch.device(device)
+    except RuntimeError:
+        raise ConfigError(f"unknown device '{device}'; choose auto, cpu or cuda (cuda:N for GPU N)") from None
+    if dev.type not in ("cpu", "cuda"):
+        raise ConfigError(f"device '{device}' is not supported; choose auto, cpu or cuda (cuda:N for GPU N)")
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise ConfigError(f"device '{device}' requested but CUDA is not available; use --device cpu")
     return dev
