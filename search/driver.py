@@ -79,6 +79,9 @@ async def arun_search(runtime: Runtime, problems: Sequence[Problem], config: Sea
 
     tasks = [asyncio.ensure_future(one(problem)) for problem in problems]
     everything = asyncio.gather(*tasks)
+    # When Ctrl-C stops the run, the gathering future ends cancelled after this coroutine is
+    # gone; reading its outcome here keeps asyncio from logging a traceback for it at exit.
+    everything.add_done_callback(lambda done: done.cancelled() or done.exception())
     try:
         await runtime.drive(everything)
     except Exception:

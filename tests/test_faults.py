@@ -10,9 +10,11 @@ import os
 import re
 import resource
 import shutil
+import signal
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -272,3 +274,20 @@ def test_bad_dataset_files_are_one_line_errors(content, fragment, tmp_path):
     path.write_bytes(content)
     with pytest.raises(ConfigError, match=re.escape(fragment)):
         load_problems(str(path))
+
+
+@pytest.mark.slow
+def test_ctrl_c_during_a_search_keeps_the_results_and_prints_no_traceback(tmp_path, math500_path):
+    out = tmp_path / "run"
+    command = [sys.executable, "-m", "tts_runtime.cli", "beam", "--dataset-path", str(math500_path),
+               "--device-memory", "3GiB", *TINY, "--limit", "6", "--problem-batch", "2", "--out", str(out)]
+    run = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + 600
+    while not (out / RESULTS_FILE).exists() and run.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.2)
+    run.send_signal(signal.SIGINT)
+    output, _ = run.communicate(timeout=120)
+    assert run.returncode == 130, output
+    assert "interrupted: finished problems are in" in output
+    assert "Traceback" not in output and "never retrieved" not in output, output
+    assert len((out / RESULTS_FILE).read_text().splitlines()) >= 1
