@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from search.results import FailedProblem, ProblemResult
+from search.sal_outputs import APPROACHES, completions_file
 from tts_runtime.config import ConfigError
 
 CONFIG_FILE = "config.json"
@@ -32,7 +33,8 @@ METRICS_FILE = "metrics.json"
 HISTORY_FILE = "history.jsonl"
 CORRUPT_FILE = "results.corrupt.jsonl"
 LOCK_FILE = ".lock"
-RUN_FILES = frozenset({CONFIG_FILE, RESULTS_FILE, METRICS_FILE, HISTORY_FILE, CORRUPT_FILE, LOCK_FILE})
+RUN_FILES = frozenset({CONFIG_FILE, RESULTS_FILE, METRICS_FILE, HISTORY_FILE, CORRUPT_FILE, LOCK_FILE,
+                       *(completions_file(method) for method in APPROACHES)})
 # config.json sections that must match for a resumed run to continue the same experiment,
 # less the fields that change how fast it runs, not what it finds.
 _RESUME_KEYS = ("method", "search", "models", "dataset")
@@ -237,6 +239,11 @@ class RunFolder:
     # -- metrics ---------------------------------------------------------------------
     def write_metrics(self, metrics: dict[str, Any]) -> None:
         self._write_json(METRICS_FILE, metrics)
+
+    def write_rows(self, name: str, rows: list[dict[str, Any]]) -> None:
+        """A derived JSONL file (S&L's completions), replaced whole."""
+        self._replace_bytes(name, b"".join((json.dumps(row, ensure_ascii=False) + "\n").encode("utf-8")
+                                           for row in rows))
 
     # -- helpers ---------------------------------------------------------------------
     def read_json(self, name: str) -> dict[str, Any] | None:

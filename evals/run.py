@@ -20,6 +20,7 @@ from search.prm import check_prm_head
 from search.problem import Problem
 from search.progress import SearchProgress
 from search.results import FailedProblem, ProblemResult
+from search.sal_outputs import accuracy_at_k, completions_file, sal_row
 from search.score_cache import ScoreCache
 from search.session import prm_format_name
 from tts_runtime.config import ConfigError
@@ -78,6 +79,12 @@ def split_finished(folder: RunFolder, problems: Sequence[Problem]) -> tuple[list
     return previous, [problem for problem in problems if problem.id not in done]
 
 
+def sal_rows(problems: Sequence[Problem], results: Sequence[ProblemResult], config: SearchConfig) -> list[dict]:
+    """search-and-learn's completions rows of the finished problems, in problem order."""
+    by_id = {result.id: result for result in results}
+    return [sal_row(problem, by_id[problem.id], config.n) for problem in problems if problem.id in by_id]
+
+
 def run_into_folder(runtime: Runtime, problems: Sequence[Problem], config: SearchConfig, folder: RunFolder,
                     *, on_result: Callable[[ProblemResult], None] | None = None,
                     progress: SearchProgress | None = None) -> RunOutcome:
@@ -109,6 +116,9 @@ def run_into_folder(runtime: Runtime, problems: Sequence[Problem], config: Searc
         outcome.metrics = run_metrics(previous + outcome.new, outcome.new, seconds, work,
                                       runtime.memory_metrics(), cohost)
         outcome.metrics["failed"] = failed_metrics(outcome.failed)
+        rows = sal_rows(problems, previous + outcome.new, config)
+        folder.write_rows(completions_file(config.method), rows)
+        outcome.metrics["accuracy_at_k"] = accuracy_at_k(rows, config.n)
         folder.write_metrics(outcome.metrics)
 
     try:
