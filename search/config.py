@@ -51,7 +51,7 @@ class SearchConfig:
     # ("first") or to the one holding the higher single score ("best").
     vote_aggregation: str = "last"
     vote_ties: str = "first"
-    prm_format: str | None = None  # None: the PRM's own format (search.prm.default_format_for)
+    prm_format: str | None = None  # None: the PRM's own format (search.prm_detect)
     # Searches in flight at once; their requests share the engines' batches (16 ran 1.23x
     # the problems/min of 8 on a 2-core CPU in bf16, docs/benchmarks/problem_batch.md).
     problem_batch: int = 16

@@ -334,14 +334,3 @@ def check_prm_head(format_name: str, model: str, reward_head: bool) -> None:
     if reads_head and not reward_head:
         raise ConfigError(f"PRM format {format_name} reads a Qwen2ForProcessRewardModel reward head; {model} has "
                           "an LM head: pass a Qwen2.5-Math-PRM folder as --prm, or another --prm-format")
-
-
-def default_format_for(model_name: str) -> str:
-    """The format search-and-learn feeds a PRM, judged by its name (for Math-Shepherd its own
-    layout, not the model card's: pass `math-shepherd` for that); `judge` for any other chat
-    LLM (including the gemma3-270m stand-in)."""
-    lowered = model_name.lower()
-    for marker, fmt in (("rlhflow", "rlhflow"), ("shepherd", "math-shepherd-sal"), ("qwen2.5-math-prm", "qwen-prm")):
-        if marker in lowered:
-            return fmt
-    return "judge"

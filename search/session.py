@@ -14,7 +14,8 @@ from collections.abc import Sequence
 from search.problem import Problem
 from search.beams import Beam, StepCounts, step_seed
 from search.config import STEP_DELIMITER, SearchConfig
-from search.prm import PRMFormat, ScoreQuery, default_format_for, make_prm_format
+from search.prm import PRMFormat, ScoreQuery, make_prm_format
+from search.prm_detect import detect_prm_format
 from search.prompts import PromptBuilder
 from search.score_cache import ScoreCache
 from search.speculation import Speculation, Speculator
@@ -27,7 +28,7 @@ Prefix = tuple[str, ...]
 
 def prm_format_name(config: SearchConfig, prm_model: str) -> str:
     """The configured PRM format, else the one the PRM was trained with."""
-    return config.prm_format or default_format_for(prm_model)
+    return config.prm_format or detect_prm_format(prm_model)
 
 
 class SearchSession:

@@ -1,12 +1,14 @@
+import json
+
 import pytest
 
 from search.aggregate import AGGREGATIONS, aggregate
+from search.prm_detect import detect_prm_format
 from search.prm import (
     PRM_FORMATS,
     QwenPRMFormat,
     ScoreQuery,
     chat_layout,
-    default_format_for,
     make_prm_format,
 )
 from search.prompts import SYSTEM_PROMPT, PromptBuilder, beam_token_ids
@@ -291,12 +293,32 @@ def test_unknown_format_lists_known_names(smollm):
 @pytest.mark.parametrize("model, expected", [
     ("gemma3-270m", "judge"),
     ("smollm2-135m-instruct", "judge"),
+    ("dummy:llama-3.1-8b", "judge"),
     ("RLHFlow/Llama3.1-8B-PRM-Deepseek-Data", "rlhflow"),
+    ("RLHFlow/Llama3.1-8B-PRM-Mistral-Data", "rlhflow"),
     ("peiyi9979/math-shepherd-mistral-7b-prm", "math-shepherd-sal"),
     ("Qwen/Qwen2.5-Math-PRM-7B", "qwen-prm"),
 ])
-def test_default_format_for(model, expected):
-    assert default_format_for(model) == expected
+def test_detect_prm_format_by_name(model, expected):
+    assert detect_prm_format(model) == expected
+
+
+def _checkpoint(folder, **config):
+    folder.mkdir(parents=True)
+    (folder / "config.json").write_text(json.dumps({"model_type": "llama", **config}))
+    return str(folder)
+
+
+def test_detect_prm_format_reads_the_checkpoint_not_the_path(tmp_path):
+    # A local copy of RLHFlow's PRM under its repository's name: no "rlhflow" in the path.
+    assert detect_prm_format(_checkpoint(tmp_path / "Llama3.1-8B-PRM-Deepseek-Data")) == "rlhflow"
+    assert detect_prm_format(_checkpoint(tmp_path / "my-prm", _name_or_path="RLHFlow/Llama3.1-8B-PRM-Mistral-Data")) \
+        == "rlhflow"
+    assert detect_prm_format(_checkpoint(tmp_path / "q", architectures=["Qwen2ForProcessRewardModel"])) == "qwen-prm"
+    with pytest.raises(ConfigError, match=r"cannot tell which PRM format .*unknown-llm expects.*pass --prm-format"):
+        detect_prm_format(_checkpoint(tmp_path / "unknown-llm", architectures=["LlamaForCausalLM"]))
+    with pytest.raises(ConfigError, match="Skywork's value head, which tts does not read yet"):
+        detect_prm_format("Skywork/Skywork-o1-Open-PRM-Qwen-2.5-1.5B")
 
 
 # --- score cache ---------------------------------------------------------------------
