@@ -1,0 +1,53 @@
+"""Models named by their Hugging Face Hub id, resolved through huggingface_hub's cache: a
+cache laid out on disk by the test (the real `models--org--name/refs`, `snapshots/<commit>/`
+layout) holding the demo generator's files, read with HF_HUB_OFFLINE=1 in a fresh process
+(huggingface_hub reads its environment once, at import)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+COMMIT = "0123456789abcdef0123456789abcdef01234567"
+
+
+def _lay_out_cache(hub: Path, repo_id: str, source: Path) -> Path:
+    repo = hub / ("models--" + repo_id.replace("/", "--"))
+    snapshot = repo / "snapshots" / COMMIT
+    snapshot.mkdir(parents=True)
+    for item in source.iterdir():
+        if item.is_file():
+            shutil.copy(item, snapshot / item.name)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(COMMIT)
+    return snapshot
+
+
+def _in_fresh_process(code: str, hub: Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "HF_HUB_CACHE": str(hub), "HF_HUB_OFFLINE": "1"}
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env)
+
+
+def test_a_hub_id_loads_from_the_cache_and_an_unknown_one_is_one_line(tmp_path, generator_model):
+    snapshot = _lay_out_cache(tmp_path / "hub", "demo-org/SmolLM2-135M-Instruct", generator_model.folder)
+    loaded = _in_fresh_process(
+        "import torch\n"
+        "from tts_runtime.models.loader import load_model\n"
+        "for name in ('demo-org/SmolLM2-135M-Instruct', 'demo-org/SmolLM2-135M-Instruct@" + COMMIT + "'):\n"
+        "    m = load_model(name, torch.float32, torch.device('cpu'))\n"
+        "    print(m.folder, m.arch.num_layers, m.tokenizer('2+2=4')['input_ids'])\n", tmp_path / "hub")
+    assert loaded.returncode == 0, loaded.stderr[-2000:]
+    expected = f"{snapshot} 30 {generator_model.tokenizer('2+2=4')['input_ids']}"
+    assert loaded.stdout.splitlines() == [expected, expected]
+
+    missing = _in_fresh_process(
+        "from tts_runtime.models.registry import resolve\n"
+        "from tts_runtime.config import ConfigError\n"
+        "try:\n    resolve('demo-org/not-downloaded')\nexcept ConfigError as exc:\n    print(exc)\n", tmp_path / "hub")
+    assert missing.returncode == 0, missing.stderr[-2000:]
+    [line] = missing.stdout.splitlines()
+    assert line.startswith("model demo-org/not-downloaded is not in the Hugging Face cache and the Hub cannot "
+                           "be reached")
