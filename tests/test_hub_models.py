@@ -51,3 +51,30 @@ def test_a_hub_id_loads_from_the_cache_and_an_unknown_one_is_one_line(tmp_path, 
     [line] = missing.stdout.splitlines()
     assert line.startswith("model demo-org/not-downloaded is not in the Hugging Face cache and the Hub cannot "
                            "be reached")
+
+
+def test_generation_config_end_of_sequence_ids_stop_generation(tmp_path, generator_model):
+    """Ids that only generation_config.json lists end a generation, as vLLM's stop does."""
+    import json
+
+    import torch
+
+    from tts_runtime.config import EngineConfig
+    from tts_runtime.engine.engine import Engine
+    from tts_runtime.engine.request import SamplingParams
+    from tts_runtime.models.loader import load_model
+
+    prompt = generator_model.tokenizer("The capital of France is")["input_ids"]
+    greedy = SamplingParams(temperature=0.0, max_tokens=8)
+    first = Engine(generator_model.name, EngineConfig(device="cpu"), loaded=generator_model) \
+        .generate([prompt], greedy)[0].completions[0].token_ids
+    folder = tmp_path / "with-generation-config"
+    shutil.copytree(generator_model.folder, folder)
+    (folder / "generation_config.json").write_text(json.dumps({"eos_token_id": [first[2]]}))
+    loaded = load_model(str(folder), torch.float32, torch.device("cpu"))
+    assert first[2] in loaded.arch.eos_token_ids and set(generator_model.arch.eos_token_ids) <= set(
+        loaded.arch.eos_token_ids)
+    stopped = Engine(loaded.name, EngineConfig(device="cpu"), loaded=loaded) \
+        .generate([prompt], greedy)[0].completions[0]
+    assert first[2] not in first[:2]
+    assert stopped.token_ids == first[:2] and stopped.finish_reason == "eos"  # the id itself is not output

@@ -149,7 +149,7 @@ def load_model(name: str, dtype: torch.dtype, device: torch.device, part: ModelP
             model.drop_layers_outside(part)
         _randomize(model)
         return LoadedModel(name, arch, model.eval(), None, None)
-    arch = arch_from_hf(json.loads((folder / "config.json").read_text()))
+    arch = arch_from_hf(_hf_config(folder))
     with torch.device("meta"):
         model = DecoderModel(arch)
     if part is not None:
@@ -158,6 +158,27 @@ def load_model(name: str, dtype: torch.dtype, device: torch.device, part: ModelP
     model.load_hf_state_dict(_read_state_dict(folder, model.hf_names()))
     model = model.to(device=device, dtype=dtype).eval()
     return LoadedModel(name, arch, model, load_tokenizer(folder), folder)
+
+
+def _hf_config(folder: Path) -> dict:
+    """config.json, with generation_config.json's end-of-sequence ids added: that file is
+    where many chat models list their end-of-turn tokens (Qwen2.5's `<|endoftext|>` beside
+    `<|im_end|>`), and vLLM stops on them too."""
+    try:
+        config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"cannot read {folder / 'config.json'}: {_first_line(exc)}") from exc
+    generation = folder / "generation_config.json"
+    if generation.is_file():
+        try:
+            extra = json.loads(generation.read_text(encoding="utf-8")).get("eos_token_id")
+        except (OSError, ValueError):
+            extra = None
+        ids = [config.get("eos_token_id"), extra]
+        merged = [i for value in ids for i in (value if isinstance(value, list) else [value]) if i is not None]
+        if merged:
+            config["eos_token_id"] = list(dict.fromkeys(merged))
+    return config
 
 
 def _randomize(model: DecoderModel) -> None:
