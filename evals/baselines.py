@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
-from search.beams import Beam, StepCounts, derive_seed
+from search.beam_state import Beam, StepCounts, derive_seed
 from search.config import STEP_DELIMITER, SearchConfig
 from search.driver import solve
 from search.problem import Problem

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import torch
 
 from evals.bench import SideBySide, write_report
-from evals.datasets import load_problems
+from tts_runtime.runs.datasets import load_problems
 from tts_runtime.config import CacheConfig, EngineConfig
 from tts_runtime.engine.engine import Engine
 from tts_runtime.engine.request import SamplingParams

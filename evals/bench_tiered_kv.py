@@ -29,7 +29,7 @@ from search.driver import run_search
 from search.problem import Problem
 from tts_runtime.config import CacheConfig, EngineConfig, SchedulerConfig
 from tts_runtime.models.loader import LoadedModel
-from tts_runtime.runtime import GENERATOR, PRM, Runtime
+from tts_runtime.cohost.runtime import GENERATOR, PRM, Runtime
 
 BASELINE = "tier off"
 VARIANTS: dict[str, tuple[bool, bool]] = {  # label: (host tier, prefix-aware order)

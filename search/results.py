@@ -14,7 +14,7 @@ from typing import Any
 
 from search.problem import Problem
 from search.answers import extract_answer
-from search.beams import Beam, StepCounts
+from search.beam_state import Beam, StepCounts
 from search.config import SearchConfig
 from search.grading import grade, majority_pick, weighted_pick
 

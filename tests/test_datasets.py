@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from evals.datasets import DatasetError, Problem, load_problems
+from tts_runtime.runs.datasets import DatasetError, Problem, load_problems
 from tts_runtime.config import ConfigError
 
 

@@ -669,9 +669,9 @@ def test_greedy_parity_with_hf_on_gpu(cuda_models, which):
 @pytest.mark.gpu
 @needs_cuda
 def test_beam_search_end_to_end_on_gpu(monkeypatch):
-    from evals.datasets import load_problems
+    from tts_runtime.runs.datasets import load_problems
     from search import SearchConfig, run_search
-    from tts_runtime.runtime import Runtime
+    from tts_runtime.cohost.runtime import Runtime
 
     # The Makefile exports TTS_DATA_DIR; a bare pytest run falls back to the shared checkout.
     data = os.environ.get("TTS_DATA_DIR") or Path(__file__).resolve().parents[2] / "shared" / "data"

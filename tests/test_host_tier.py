@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from evals.datasets import load_problems
+from tts_runtime.runs.datasets import load_problems
 from memory.thrash import ThrashTracker
 from tts_runtime.config import CacheConfig, ConfigError, EngineConfig, ParallelConfig, SchedulerConfig
 from tts_runtime.engine.block_manager import BlockManager

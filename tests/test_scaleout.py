@@ -18,12 +18,12 @@ import pytest
 import ray
 from typer.testing import CliRunner
 
-from evals.datasets import load_problems
-from evals.ray_pool import ReplicaPool, ray_cluster
-from evals.scale_config import ScaleOut
-from evals.report import METRICS_FILE, RESULTS_FILE, RunFolder
-from evals.run import RunOutcome
-from evals.scaleout import ReplicaSpec, run_scaled
+from tts_runtime.runs.datasets import load_problems
+from tts_runtime.runs.ray_pool import ReplicaPool, ray_cluster
+from tts_runtime.runs.scale_config import ScaleOut
+from tts_runtime.runs.run_folder import METRICS_FILE, RESULTS_FILE, RunFolder
+from tts_runtime.runs.run import RunOutcome
+from tts_runtime.runs.scaleout import ReplicaSpec, run_scaled
 from memory.split import MemoryConfig, parse_size
 from search import ProblemResult, SearchConfig
 from tests.conftest import GENERATOR, PRM

@@ -11,13 +11,13 @@ import math
 
 import pytest
 
-from evals.datasets import load_problems
+from tts_runtime.runs.datasets import load_problems
 from search.answers import extract_answer
 from search.grading import grade, majority_pick, weighted_pick
 from search.problem import Problem
 from search import ScoreCache, SearchConfig, run_search
-from search.beam import refill
-from search.beams import Beam, split_steps
+from search.beam_search import refill
+from search.beam_state import Beam, split_steps
 from search.driver import solve
 from search.session import SearchSession
 from tts_runtime.config import ConfigError

@@ -10,7 +10,7 @@ from dataclasses import replace
 import pytest
 from typer.testing import CliRunner
 
-from evals.datasets import load_problems
+from tts_runtime.runs.datasets import load_problems
 from search import ProblemResult, SearchConfig, run_search
 from tts_runtime.cli import app
 from tts_runtime.config import ConfigError

@@ -117,8 +117,8 @@ PHASE_POLICIES = ("auto", "alternate", "batched")
 
 @dataclass(frozen=True)
 class CohostConfig:
-    """How the runtime drives its co-hosted generator and PRM (tts_runtime/phases.py,
-    tts_runtime/overlap.py); measured by `tts bench cohost`.
+    """How the runtime drives its co-hosted generator and PRM (tts_runtime/cohost/phases.py,
+    tts_runtime/cohost/overlap.py); measured by `tts bench cohost`.
 
     `alternate` steps each engine that has work once per runtime step. `batched` (Seesaw's
     transition-minimising rule) keeps stepping one engine across all in-flight problems:

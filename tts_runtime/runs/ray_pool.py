@@ -31,7 +31,7 @@ import ray
 import ray._private.ray_constants as ray_constants
 from ray.exceptions import ActorUnavailableError, RayError, RayTaskError
 
-from evals.scale_config import ScaleOut
+from tts_runtime.runs.scale_config import ScaleOut
 from tts_runtime.config import ConfigError
 
 ATTEMPTS = 2  # a work item runs at most twice

@@ -29,7 +29,7 @@ from tts_runtime.engine.engine import Engine
 from tts_runtime.engine.request import RequestOutput
 from tts_runtime.executor.batch import ModelInput, ModelOutput, SamplePlan
 from tts_runtime.executor.local import LocalExecutor
-from tts_runtime.executor.pipeline import PipelineGroup, StageModel
+from tts_runtime.executor.pipeline.pipeline import PipelineGroup, StageModel
 
 
 def worker_group(model: StageModel, config: EngineConfig, threads: int) -> PipelineGroup:
