@@ -86,7 +86,7 @@ class ParallelConfig:
     pp_layers: tuple[int, ...] | None = None  # layers per stage (generator); None: balanced by cost
     # Activations between stages: "shm" (shared-memory slots; through host memory for GPU
     # stages), "gloo" or "nccl" (torch.distributed point-to-point); auto: nccl when every
-    # stage has a GPU of its own, else shm (executor/stage_placement.py).
+    # stage has a GPU of its own, else shm (executor/pipeline/stage_placement.py).
     transport: str = "auto"
     threads_per_stage: int | None = None  # torch threads in each stage (None: cores // pp_size)
     # SiPipe: the last stage returns logits rows and the driver samples them while the
