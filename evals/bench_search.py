@@ -21,16 +21,16 @@ from typing import Any
 
 from evals.baselines import HFModels, run_baseline
 from evals.bench import SideBySide
-from tts_runtime.runs.datasets import load_problems
-from tts_runtime.runs.environment import environment
-from tts_runtime.runs.metrics import EngineCounters, RunCounters, accuracy, throughput
 from memory.split import MemoryConfig
 from search.config import SearchConfig
 from search.driver import run_search
 from search.problem import Problem
 from search.score_cache import ScoreCache
-from tts_runtime.config import EngineConfig, ModelSpec, ParallelConfig
 from tts_runtime.cohost.runtime import Runtime
+from tts_runtime.config import EngineConfig, ModelSpec, ParallelConfig
+from tts_runtime.runs.datasets import load_problems
+from tts_runtime.runs.environment import environment
+from tts_runtime.runs.metrics import EngineCounters, RunCounters, accuracy, throughput
 
 _ZERO = RunCounters(EngineCounters(), EngineCounters(), 0, 0)
 _BATCH_ONE = "tts-batch-1"

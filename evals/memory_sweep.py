@@ -44,22 +44,22 @@ import torch
 import typer
 
 from evals.bench import SideBySide
-from tts_runtime.runs.environment import machine_info
-from tts_runtime.runs.datasets import Problem, load_problems
-from tts_runtime.runs.scale_config import ScaleOut
 from evals.memory_plots import plot_hit_rate, plot_sweep, plot_throughput
-from memory.profile import MemoryProfile, format_bytes
 from evals.shifting_workload import WorkloadPhase, workload_phases
+from memory.profile import MemoryProfile, format_bytes
 from memory.split import POLICIES, MemoryConfig, Workload, parse_size
 from search.config import SearchConfig
 from search.driver import run_search
 from search.prm import default_format_for, make_prm_format
 from search.prompts import PromptBuilder
+from tts_runtime.cohost.runtime import Runtime, check_backend, profile_models
 from tts_runtime.config import CacheConfig, ConfigError, EngineConfig, SchedulerConfig, resolve_device, resolve_dtype
 from tts_runtime.engine.engine import RequestError
 from tts_runtime.executor.device_memory import return_freed_host_memory
 from tts_runtime.models.loader import LoadedModel, load_model
-from tts_runtime.cohost.runtime import Runtime, check_backend, profile_models
+from tts_runtime.runs.datasets import Problem, load_problems
+from tts_runtime.runs.environment import machine_info
+from tts_runtime.runs.scale_config import ScaleOut
 
 if TYPE_CHECKING:
     from tts_runtime.runs.ray_pool import ReplicaInfo

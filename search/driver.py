@@ -13,13 +13,13 @@ import asyncio
 import time
 from collections.abc import Callable, Sequence
 
-from search.problem import Problem
-from search.progress import SearchProgress
 from search.beam_search import beam_search
 from search.beam_state import StepBackend
 from search.best_of_n import best_of_n
 from search.config import SearchConfig
 from search.dvts import dvts
+from search.problem import Problem
+from search.progress import SearchProgress
 from search.results import ProblemResult, summarize
 from search.score_cache import ScoreCache
 from search.session import SearchSession

@@ -11,16 +11,16 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Sequence
 
-from search.problem import Problem
 from search.beam_state import Beam, StepCounts, step_seed
 from search.config import STEP_DELIMITER, SearchConfig
 from search.prm import PRMFormat, ScoreQuery, default_format_for, make_prm_format
+from search.problem import Problem
 from search.prompts import PromptBuilder
 from search.score_cache import ScoreCache
 from search.speculation import Speculation, Speculator
+from tts_runtime.cohost.runtime import Runtime
 from tts_runtime.config import ConfigError
 from tts_runtime.engine.request import RequestOutput, SamplingParams
-from tts_runtime.cohost.runtime import Runtime
 
 Prefix = tuple[str, ...]
 

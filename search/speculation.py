@@ -24,8 +24,8 @@ from dataclasses import dataclass, replace
 
 from search.beam_state import Beam, StepCounts
 from search.config import SearchConfig
-from tts_runtime.engine.request import RequestOutput, SamplingParams
 from tts_runtime.cohost.runtime import Runtime
+from tts_runtime.engine.request import RequestOutput, SamplingParams
 
 # (beam, iteration, to_eos) -> the params of the beam's step at that iteration (first child)
 ParamsFor = Callable[[Beam, int, bool], SamplingParams]

@@ -18,12 +18,12 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from tts_runtime.runs.run_folder import RESULTS_FILE, RunFolder
 from search.aggregate import aggregate
 from search.grading import majority_pick, weighted_pick
 from search.results import BeamResult, ProblemResult
 from tts_runtime.cli import app
 from tts_runtime.config import ConfigError, resolve_dtype
+from tts_runtime.runs.run_folder import RESULTS_FILE, RunFolder
 
 TINY = ["--n", "4", "--beam-width", "2", "--num-iterations", "2", "--max-step-tokens", "32", "--max-tokens", "48"]
 

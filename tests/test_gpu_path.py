@@ -28,9 +28,9 @@ from tts_runtime.executor.batch import AttentionMetadata, ModelInput  # noqa: E4
 from tts_runtime.executor.cuda_graphs import (PAD_SLOT, StaticDecodeBuffers, capture_sizes,  # noqa: E402
                                             padded_decode_logits)
 from tts_runtime.executor.device_memory import device_memory_info  # noqa: E402
-from tts_runtime.executor.local import LocalExecutor  # noqa: E402
 from tts_runtime.executor.kv_cache import allocate_kv_cache  # noqa: E402
 from tts_runtime.executor.layer_ops import cpu_elementwise_ops  # noqa: E402
+from tts_runtime.executor.local import LocalExecutor  # noqa: E402
 from tts_runtime.executor.sampler import SamplingRow, child_seed, sample  # noqa: E402
 from tts_runtime.models import layers  # noqa: E402
 from tts_runtime.models.arch import arch_from_hf  # noqa: E402

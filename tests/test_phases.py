@@ -16,13 +16,13 @@ import pytest
 import torch
 
 from evals.bench_cohost import speedup_ceilings
-from tts_runtime.runs.datasets import load_problems
 from memory.split import MemoryConfig
 from search import SearchConfig, run_search
-from tts_runtime.config import CohostConfig, ConfigError, EngineConfig, SchedulerConfig, resolve_phase_policy
-from tts_runtime.engine.request import SamplingParams, ScoreParams
 from tts_runtime.cohost.phases import GENERATOR, PRM, PhaseScheduler
 from tts_runtime.cohost.runtime import Runtime, check_cohost
+from tts_runtime.config import CohostConfig, ConfigError, EngineConfig, SchedulerConfig, resolve_phase_policy
+from tts_runtime.engine.request import SamplingParams, ScoreParams
+from tts_runtime.runs.datasets import load_problems
 
 CHUNK = 16
 QUESTION = "What is the sum of the first ten positive integers? Think step by step."

@@ -18,11 +18,11 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from tts_runtime.runs.datasets import load_problems
 from search.prm import REWARD_HEAD_CLASSES, check_prm_head, make_prm_format
 from tts_runtime import Engine, EngineConfig, ScoreParams
 from tts_runtime.config import ConfigError
 from tts_runtime.models.loader import LoadedModel, load_model, load_tokenizer
+from tts_runtime.runs.datasets import load_problems
 
 SEPARATOR = "<extra_0>"
 STEPS = ["We need $x^2 = 16$, so $x = \\pm 4$.", "The positive root is $4$.",

@@ -30,18 +30,18 @@ from memory.thrash import ThrashTracker
 from tts_runtime.cohost.stats import CohostCounters, EngineCounters
 from tts_runtime.config import (CohostConfig, ConfigError, EngineConfig, ModelSpec, ParallelConfig, resolve_device,
                                 resolve_dtype, resolve_phase_policy)
+from tts_runtime.cohost.overlap import OverlapStepper, StreamExecutor, worker_group, worker_threads
+from tts_runtime.cohost.phases import GENERATOR, PRM, PhaseScheduler
+from tts_runtime.cohost.vllm_engine import VllmEngine, require_vllm
+from tts_runtime.engine.engine import Engine
+from tts_runtime.engine.request import RequestOutput, SamplingParams, ScoreParams
 from tts_runtime.executor.build import build_local_executor
 from tts_runtime.executor.device_memory import device_memory_info, return_freed_host_memory
-from tts_runtime.engine.engine import Engine
 from tts_runtime.executor.kv_cache import KVAllocation, bytes_per_block, element_size, shared_kv_views
 from tts_runtime.executor.layer_ops import packed_weight_bytes, resolved_linear_backend
 from tts_runtime.executor.pipeline.pipeline import PipelineGroup, StageModel
 from tts_runtime.executor.profiling import EngineRole, profile_tokens, profiling_forward
-from tts_runtime.engine.request import RequestOutput, SamplingParams, ScoreParams
 from tts_runtime.models.loader import LoadedModel, cache_root, load_model
-from tts_runtime.cohost.overlap import OverlapStepper, StreamExecutor, worker_group, worker_threads
-from tts_runtime.cohost.phases import GENERATOR, PRM, PhaseScheduler
-from tts_runtime.cohost.vllm_engine import VllmEngine, require_vllm
 
 BACKENDS = ("native", "vllm")
 _DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}

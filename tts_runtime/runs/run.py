@@ -11,9 +11,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from tts_runtime.runs.environment import environment
-from tts_runtime.runs.metrics import RunCounters, run_metrics
-from tts_runtime.runs.run_folder import RunFolder
 from search.config import SearchConfig
 from search.driver import run_search
 from search.prm import check_prm_head
@@ -22,8 +19,11 @@ from search.progress import SearchProgress
 from search.results import FailedProblem, ProblemResult
 from search.score_cache import ScoreCache
 from search.session import prm_format_name
-from tts_runtime.config import ConfigError
 from tts_runtime.cohost.runtime import Runtime
+from tts_runtime.config import ConfigError
+from tts_runtime.runs.environment import environment
+from tts_runtime.runs.metrics import RunCounters, run_metrics
+from tts_runtime.runs.run_folder import RunFolder
 
 
 @dataclass

@@ -26,17 +26,17 @@ from typing import Any
 
 import torch
 
-from tts_runtime.runs.datasets import Problem
-from tts_runtime.runs.metrics import EngineCounters, RunCounters, run_metrics
-from tts_runtime.runs.ray_pool import ReplicaInfo, ReplicaPool, WorkItem, ray_cluster
-from tts_runtime.runs.run_folder import RunFolder
-from tts_runtime.runs.scale_config import ScaleOut
-from tts_runtime.runs.run import RunOutcome, failed_metrics, run_config, split_finished
 from memory.split import MemoryConfig
 from search import ProblemResult, ScoreCache, SearchConfig, arun_search
 from search.results import FailedProblem
-from tts_runtime.config import EngineConfig, ModelSpec
 from tts_runtime.cohost.runtime import Runtime
+from tts_runtime.config import EngineConfig, ModelSpec
+from tts_runtime.runs.datasets import Problem
+from tts_runtime.runs.metrics import EngineCounters, RunCounters, run_metrics
+from tts_runtime.runs.ray_pool import ReplicaInfo, ReplicaPool, WorkItem, ray_cluster
+from tts_runtime.runs.run import RunOutcome, failed_metrics, run_config, split_finished
+from tts_runtime.runs.run_folder import RunFolder
+from tts_runtime.runs.scale_config import ScaleOut
 
 
 @dataclass(frozen=True)
