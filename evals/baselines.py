@@ -19,11 +19,11 @@ from dataclasses import dataclass
 
 import torch
 
-from search.beams import Beam, StepCounts, derive_seed
+from search.beam_state import Beam, StepCounts, derive_seed
 from search.config import STEP_DELIMITER, SearchConfig
 from search.driver import solve
-from search.problem import Problem
 from search.prm import PRMFormat, ScoreQuery, make_prm_format
+from search.problem import Problem
 from search.prompts import PromptBuilder
 from search.results import ProblemResult
 from search.session import prm_format_name

@@ -1,12 +1,10 @@
-"""Benchmark plumbing shared by every `tts bench` workload: machine facts, side-by-side
+"""Benchmark plumbing shared by every `tts bench` workload: side-by-side
 timing (A, B, A, B … with medians), and writing JSON + a markdown table."""
 
 from __future__ import annotations
 
 import json
-import platform
 import statistics
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -14,32 +12,9 @@ from typing import Callable
 
 import torch
 
+from tts_runtime.runs.environment import machine_info
+
 BENCH_DIR = Path("docs/benchmarks")
-
-
-def machine_info() -> dict:
-    info = {
-        "python": sys.version.split()[0],
-        "torch": torch.__version__,
-        "platform": platform.platform(),
-        "processor": _cpu_name(),
-        "cpu_threads": torch.get_num_threads(),
-        "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
-    }
-    import transformers
-
-    info["transformers"] = transformers.__version__
-    return info
-
-
-def _cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor()
 
 
 @dataclass
@@ -91,7 +66,7 @@ def search_inputs(bench, log: Callable[[str], None], dtype: str = "auto") -> tup
     """The first `bench.limit` MATH-500 problems, the device, and the generator and PRM loaded
     once, in `dtype`, for every variant (a bench config with dataset_path, limit, device,
     generator, prm)."""
-    from evals.datasets import load_problems
+    from tts_runtime.runs.datasets import load_problems
     from tts_runtime.config import resolve_device, resolve_dtype
     from tts_runtime.models.loader import load_model
 

@@ -23,11 +23,11 @@ from dataclasses import dataclass
 import torch
 
 from evals.bench import SideBySide, write_report
-from evals.datasets import load_problems
 from tts_runtime.config import CacheConfig, EngineConfig
 from tts_runtime.engine.engine import Engine
 from tts_runtime.engine.request import SamplingParams
 from tts_runtime.models.loader import LoadedModel, load_model
+from tts_runtime.runs.datasets import load_problems
 
 # The tts variants: (label, what it measures, engine switches, the dtypes it runs at: "first"
 # (the first of --dtypes only), "all", or "bfloat16").

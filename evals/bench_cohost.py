@@ -26,16 +26,16 @@ from typing import Any
 import torch
 
 from evals.bench import SideBySide, search_inputs, write_report
-from evals.metrics import EngineCounters, speculation
 from memory.split import MemoryConfig
 from search.config import SearchConfig
 from search.driver import run_search
 from search.problem import Problem
+from tts_runtime.cohost.overlap import worker_threads
+from tts_runtime.cohost.runtime import Runtime
 from tts_runtime.config import CohostConfig, EngineConfig, SchedulerConfig
 from tts_runtime.engine.forward_costs import widest_forward_seconds
 from tts_runtime.models.loader import LoadedModel
-from tts_runtime.overlap import worker_threads
-from tts_runtime.runtime import Runtime
+from tts_runtime.runs.metrics import EngineCounters, speculation
 
 BASELINE = "alternate"
 

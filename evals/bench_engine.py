@@ -18,12 +18,12 @@ from dataclasses import dataclass
 import torch
 
 from evals.bench import SideBySide, write_report
-from evals.datasets import load_problems
 from search.prm import make_prm_format
 from tts_runtime.config import ConfigError, EngineConfig, ModelSpec, resolve_dtype
 from tts_runtime.engine.engine import Engine
 from tts_runtime.engine.request import SamplingParams
 from tts_runtime.models.loader import LoadedModel, load_model
+from tts_runtime.runs.datasets import load_problems
 
 
 @dataclass(frozen=True)

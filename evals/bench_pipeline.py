@@ -27,20 +27,20 @@ from typing import Any
 
 import torch
 
-from evals.bench import machine_info
 from evals.bench_engine import EngineBenchConfig, _beam_steps, _generate_prompts, _score_queries
-from evals.datasets import load_problems
 from memory.split import MemoryConfig
 from search.config import SearchConfig
 from search.driver import run_search
 from search.score_cache import ScoreCache
+from tts_runtime.cohost.runtime import Runtime
 from tts_runtime.config import CacheConfig, ConfigError, EngineConfig, ParallelConfig, SchedulerConfig
 from tts_runtime.engine.engine import Engine
 from tts_runtime.engine.request import SamplingParams
-from tts_runtime.executor.pipeline import PipelineGroup, StageModel
-from tts_runtime.executor.stage_messages import TraceDump
+from tts_runtime.executor.pipeline.pipeline import PipelineGroup, StageModel
+from tts_runtime.executor.pipeline.stage_messages import TraceDump
 from tts_runtime.models.loader import LoadedModel, load_model
-from tts_runtime.runtime import Runtime
+from tts_runtime.runs.datasets import load_problems
+from tts_runtime.runs.environment import machine_info
 
 WORKLOADS = ("generate", "score", "search")
 

@@ -15,12 +15,12 @@ from pathlib import Path
 from typing import Any
 
 from evals.bench import SideBySide, write_report
-from evals.datasets import load_problems
-from evals.ray_pool import ray_cluster
-from evals.report import RunFolder
-from evals.scale_config import ScaleOut
-from evals.scaleout import ReplicaSpec, run_scaled
 from search.config import SearchConfig
+from tts_runtime.runs.datasets import load_problems
+from tts_runtime.runs.ray_pool import ray_cluster
+from tts_runtime.runs.run_folder import RunFolder
+from tts_runtime.runs.scale_config import ScaleOut
+from tts_runtime.runs.scaleout import ReplicaSpec, run_scaled
 
 VARIANTS: dict[str, tuple[int, int]] = {  # label: (replicas, threads per replica)
     "1 replica x 1 thread": (1, 1),

@@ -21,16 +21,16 @@ from typing import Any
 
 from evals.baselines import HFModels, run_baseline
 from evals.bench import SideBySide
-from evals.datasets import load_problems
-from evals.environment import environment
-from evals.metrics import EngineCounters, RunCounters, accuracy, throughput
 from memory.split import MemoryConfig
 from search.config import SearchConfig
 from search.driver import run_search
 from search.problem import Problem
 from search.score_cache import ScoreCache
+from tts_runtime.cohost.runtime import Runtime
 from tts_runtime.config import EngineConfig, ModelSpec, ParallelConfig
-from tts_runtime.runtime import Runtime
+from tts_runtime.runs.datasets import load_problems
+from tts_runtime.runs.environment import environment
+from tts_runtime.runs.metrics import EngineCounters, RunCounters, accuracy, throughput
 
 _ZERO = RunCounters(EngineCounters(), EngineCounters(), 0, 0)
 _BATCH_ONE = "tts-batch-1"
@@ -98,7 +98,7 @@ def _vllm_variants(bench: SearchBench, problems: Sequence[Problem], config: Sear
     """tts on vLLM, and search-and-learn's algorithm with its generator on vLLM and its PRM
     on HF (one problem at a time); the second callable shuts their engines down."""
     from evals.bench_vllm import run_sal_vllm
-    from tts_runtime.vllm_engine import VllmEngine
+    from tts_runtime.cohost.vllm_engine import VllmEngine
 
     runtime = Runtime(*_specs(bench), memory=bench.memory, backend="vllm")
     models = models or HFModels.load(bench.generator, bench.prm, runtime.generator.dtype)

@@ -25,9 +25,9 @@ from memory.split import MemoryConfig
 from search.config import SearchConfig
 from search.driver import run_search
 from search.problem import Problem
+from tts_runtime.cohost.runtime import Runtime
 from tts_runtime.config import EngineConfig
 from tts_runtime.models.loader import LoadedModel
-from tts_runtime.runtime import Runtime
 
 OFF, ON = "off", "on"
 

@@ -27,9 +27,9 @@ from memory.split import MemoryConfig
 from search.config import SearchConfig
 from search.driver import run_search
 from search.problem import Problem
+from tts_runtime.cohost.runtime import GENERATOR, PRM, Runtime
 from tts_runtime.config import CacheConfig, EngineConfig, SchedulerConfig
 from tts_runtime.models.loader import LoadedModel
-from tts_runtime.runtime import GENERATOR, PRM, Runtime
 
 BASELINE = "tier off"
 VARIANTS: dict[str, tuple[bool, bool]] = {  # label: (host tier, prefix-aware order)

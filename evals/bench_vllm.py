@@ -19,17 +19,17 @@ from typing import Any
 import torch
 
 from evals.baselines import HFModels, HFSteps
-from search.beams import Beam, derive_seed
+from search.beam_state import Beam, derive_seed
 from search.config import STEP_DELIMITER, SearchConfig
 from search.driver import solve
 from search.prm import make_prm_format
 from search.problem import Problem
 from search.results import ProblemResult
 from search.session import prm_format_name
+from tts_runtime.cohost.vllm_engine import VllmEngine
 from tts_runtime.config import EngineConfig, ModelSpec
 from tts_runtime.engine.request import SamplingParams
 from tts_runtime.models.loader import LoadedModel
-from tts_runtime.vllm_engine import VllmEngine
 
 
 def vllm_engine(loaded: LoadedModel, dtype: torch.dtype, tokens: int) -> VllmEngine:

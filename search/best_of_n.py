@@ -6,7 +6,7 @@ aggregated score, plus weighted and majority votes), as search-and-learn does.
 
 from __future__ import annotations
 
-from search.beams import Beam, StepBackend
+from search.beam_state import Beam, StepBackend
 
 
 async def best_of_n(steps: StepBackend) -> list[Beam]:

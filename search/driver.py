@@ -13,17 +13,17 @@ import asyncio
 import time
 from collections.abc import Callable, Sequence
 
-from search.problem import Problem
-from search.progress import SearchProgress
-from search.beam import beam_search
-from search.beams import StepBackend
+from search.beam_search import beam_search
+from search.beam_state import StepBackend
 from search.best_of_n import best_of_n
 from search.config import SearchConfig
 from search.dvts import dvts
+from search.problem import Problem
+from search.progress import SearchProgress
 from search.results import ProblemResult, summarize
 from search.score_cache import ScoreCache
 from search.session import SearchSession
-from tts_runtime.runtime import Runtime
+from tts_runtime.cohost.runtime import Runtime
 
 SEARCHES = {"beam": beam_search, "bon": best_of_n, "dvts": dvts}
 ResultCallback = Callable[[ProblemResult], None]

@@ -9,7 +9,7 @@ the chosen one and its siblings, so votes see n answers as in search-and-learn.
 
 from __future__ import annotations
 
-from search.beams import FINISH_ANSWER, Beam, StepBackend
+from search.beam_state import FINISH_ANSWER, Beam, StepBackend
 
 _ANSWER_MARK = "boxed{"
 

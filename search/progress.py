@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from search.beams import StepCounts
+from search.beam_state import StepCounts
 
 
 @dataclass

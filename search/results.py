@@ -12,11 +12,11 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from search.problem import Problem
 from search.answers import extract_answer
-from search.beams import Beam, StepCounts
+from search.beam_state import Beam, StepCounts
 from search.config import SearchConfig
 from search.grading import grade, majority_pick, weighted_pick
+from search.problem import Problem
 
 
 @dataclass

@@ -11,17 +11,17 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Sequence
 
-from search.problem import Problem
-from search.beams import Beam, StepCounts, step_seed
+from search.beam_state import Beam, StepCounts, step_seed
 from search.config import STEP_DELIMITER, SearchConfig
 from search.prm import PRMFormat, ScoreQuery, make_prm_format
 from search.prm_detect import detect_prm_format
+from search.problem import Problem
 from search.prompts import PromptBuilder
 from search.score_cache import ScoreCache
 from search.speculation import Speculation, Speculator
+from tts_runtime.cohost.runtime import Runtime
 from tts_runtime.config import ConfigError
 from tts_runtime.engine.request import RequestOutput, SamplingParams
-from tts_runtime.runtime import Runtime
 
 Prefix = tuple[str, ...]
 

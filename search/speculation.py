@@ -6,7 +6,7 @@ speculative request. When selection ends, a surviving beam's speculation stands 
 the first copy of the survivor in the next iteration (refill copies it n // keep times and
 each copy has its own seed: the speculation used the first copy's seed, so it can replace
 that copy only); the speculations of beams that did not survive are aborted and their
-blocks freed. The seed of a step is keyed by the beam's tokens (`search.beams.step_seed`),
+blocks freed. The seed of a step is keyed by the beam's tokens (`search.beam_state.step_seed`),
 so a speculative step samples exactly the tokens the regular step would: the search makes
 the same decisions with speculation on or off.
 
@@ -22,10 +22,10 @@ import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from search.beams import Beam, StepCounts
+from search.beam_state import Beam, StepCounts
 from search.config import SearchConfig
+from tts_runtime.cohost.runtime import Runtime
 from tts_runtime.engine.request import RequestOutput, SamplingParams
-from tts_runtime.runtime import Runtime
 
 # (beam, iteration, to_eos) -> the params of the beam's step at that iteration (first child)
 ParamsFor = Callable[[Beam, int, bool], SamplingParams]

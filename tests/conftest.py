@@ -52,7 +52,7 @@ def search_runtime(generator_model: LoadedModel, prm_model: LoadedModel):
     """The demo generator and PRM co-hosted on one runtime (3 GiB budget), shared by the
     search and CLI tests."""
     from memory.split import MemoryConfig
-    from tts_runtime.runtime import Runtime
+    from tts_runtime.cohost.runtime import Runtime
 
     runtime = Runtime(generator_model, prm_model, memory=MemoryConfig(device_memory=3 << 30))
     yield runtime

@@ -18,12 +18,12 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from evals.report import RESULTS_FILE, RunFolder
 from search.aggregate import aggregate
 from search.grading import majority_pick, weighted_pick
 from search.results import BeamResult, ProblemResult
 from tts_runtime.cli import app
 from tts_runtime.config import ConfigError, resolve_dtype
+from tts_runtime.runs.run_folder import RESULTS_FILE, RunFolder
 
 TINY = ["--n", "4", "--beam-width", "2", "--num-iterations", "2", "--max-step-tokens", "32", "--max-tokens", "48"]
 
@@ -245,6 +245,6 @@ def test_resume_after_the_run_is_killed(tmp_path, math500_path):
 def test_cli_and_sweep_start_without_importing_ray():
     """Ray serves --replicas alone: a one-process run (a GPU box without Ray, say) must not
     need it, nor pay its second of import."""
-    probe = "import sys, tts_runtime.cli, memory.sweep; print(sorted(m for m in sys.modules if m.split('.')[0] == 'ray'))"
+    probe = "import sys, tts_runtime.cli, evals.memory_sweep; print(sorted(m for m in sys.modules if m.split('.')[0] == 'ray'))"
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"

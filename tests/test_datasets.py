@@ -4,8 +4,8 @@ from pathlib import Path
 
 import pytest
 
-from evals.datasets import DatasetError, Problem, load_problems
 from tts_runtime.config import ConfigError
+from tts_runtime.runs.datasets import DatasetError, Problem, load_problems
 
 
 def _data_dir() -> Path:

@@ -11,10 +11,10 @@ import re
 from dataclasses import replace
 from pathlib import Path
 
-from evals.datasets import load_problems
-from evals.report import METRICS_FILE, RESULTS_FILE, RunFolder
-from evals.run import run_into_folder
 from search.config import SearchConfig
+from tts_runtime.runs.datasets import load_problems
+from tts_runtime.runs.run import run_into_folder
+from tts_runtime.runs.run_folder import METRICS_FILE, RESULTS_FILE, RunFolder
 
 TINY = SearchConfig(method="beam", n=2, beam_width=2, num_iterations=1, max_step_tokens=16, max_tokens=48,
                     problem_batch=2, temperature=0.0)

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from evals.report import CONFIG_FILE, CORRUPT_FILE, HISTORY_FILE, RESULTS_FILE, RunFolder
+from tts_runtime.runs.run_folder import CONFIG_FILE, CORRUPT_FILE, HISTORY_FILE, RESULTS_FILE, RunFolder
 from search.results import BeamResult, ProblemResult
 from tests.conftest import GENERATOR
 from tts_runtime.config import ConfigError
@@ -50,7 +50,7 @@ def _line(problem_id: str) -> bytes:
 def test_a_second_run_on_a_folder_in_use_is_refused_with_its_holder(tmp_path):
     holder = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
         import sys, time
-        from evals.report import RunFolder
+        from tts_runtime.runs.run_folder import RunFolder
         folder = RunFolder.open({str(tmp_path / 'run')!r}, resume=False)
         print("locked", flush=True)
         sys.stdin.readline()
@@ -268,7 +268,7 @@ def test_a_zero_token_budget_is_refused_where_it_is_configured():
      "line 2: problem id 'a' is also on line 1"),
 ])
 def test_bad_dataset_files_are_one_line_errors(content, fragment, tmp_path):
-    from evals.datasets import load_problems
+    from tts_runtime.runs.datasets import load_problems
 
     path = tmp_path / "problems.jsonl"
     path.write_bytes(content)

@@ -28,9 +28,9 @@ from tts_runtime.executor.batch import AttentionMetadata, ModelInput  # noqa: E4
 from tts_runtime.executor.cuda_graphs import (PAD_SLOT, StaticDecodeBuffers, capture_sizes,  # noqa: E402
                                             padded_decode_logits)
 from tts_runtime.executor.device_memory import device_memory_info  # noqa: E402
-from tts_runtime.executor.local import LocalExecutor  # noqa: E402
 from tts_runtime.executor.kv_cache import allocate_kv_cache  # noqa: E402
 from tts_runtime.executor.layer_ops import cpu_elementwise_ops  # noqa: E402
+from tts_runtime.executor.local import LocalExecutor  # noqa: E402
 from tts_runtime.executor.sampler import SamplingRow, child_seed, sample  # noqa: E402
 from tts_runtime.models import layers  # noqa: E402
 from tts_runtime.models.arch import arch_from_hf  # noqa: E402
@@ -669,9 +669,9 @@ def test_greedy_parity_with_hf_on_gpu(cuda_models, which):
 @pytest.mark.gpu
 @needs_cuda
 def test_beam_search_end_to_end_on_gpu(monkeypatch):
-    from evals.datasets import load_problems
+    from tts_runtime.runs.datasets import load_problems
     from search import SearchConfig, run_search
-    from tts_runtime.runtime import Runtime
+    from tts_runtime.cohost.runtime import Runtime
 
     # The Makefile exports TTS_DATA_DIR; a bare pytest run falls back to the shared checkout.
     data = os.environ.get("TTS_DATA_DIR") or Path(__file__).resolve().parents[2] / "shared" / "data"

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import pytest
 
-from evals.datasets import load_problems
 from memory.thrash import ThrashTracker
 from tts_runtime.config import CacheConfig, ConfigError, EngineConfig, ParallelConfig, SchedulerConfig
 from tts_runtime.engine.block_manager import BlockManager
@@ -13,6 +12,7 @@ from tts_runtime.engine.engine import Engine
 from tts_runtime.engine.host_tier import HostTier
 from tts_runtime.engine.request import SamplingParams
 from tts_runtime.executor.kv_cache import bytes_per_block
+from tts_runtime.runs.datasets import load_problems
 
 GREEDY = SamplingParams(temperature=0, max_tokens=8)
 BLOCK = 16

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from tts_runtime import Engine, EngineConfig, SamplingParams, ScoreParams
 from tts_runtime.config import ConfigError
 from tts_runtime.executor.layer_ops import PrepackedLinear, layer_ops, onednn_linear, packed_weight_bytes
-from tts_runtime.runtime import profile_one
+from tts_runtime.cohost.runtime import profile_one
 
 from tests.test_engine_parity import _prompts
 

@@ -10,17 +10,17 @@ import sys
 import pytest
 import torch
 
+from evals.memory_sweep import parse_splits, settings_for
 from memory.elastic import ElasticPolicy, Pressure
 from memory.pool import ChunkLayout, ElasticKVPool, MemberLayout
 from memory.profile import MemoryProfile, weight_bytes
 from memory.split import MemoryConfig, Workload, parse_size, plan_memory
-from memory.sweep import parse_splits, settings_for
 from tts_runtime import ConfigError, EngineConfig, SamplingParams, SchedulerConfig, ScoreParams
+from tts_runtime.cohost.runtime import Runtime, profile_models, profile_one
 from tts_runtime.engine.block_manager import ROOT_HASH, BlockManager
 from tts_runtime.engine.scheduler import Scheduler
 from tts_runtime.engine.sequence import RequestGroup, Sequence
 from tts_runtime.executor.device_memory import return_freed_host_memory
-from tts_runtime.runtime import Runtime, profile_models, profile_one
 
 CONFIG = EngineConfig(scheduler=SchedulerConfig(max_num_batched_tokens=128))
 GiB = 1 << 30

@@ -1,4 +1,4 @@
-"""Overlapped generator and PRM (tts_runtime/overlap.py) with real worker processes.
+"""Overlapped generator and PRM (tts_runtime/cohost/overlap.py) with real worker processes.
 
 On CPU each engine's forward runs in a process of its own; a search must come out exactly as
 without overlap, both processes must really compute, and a killed worker must end the run
@@ -14,12 +14,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from evals.datasets import load_problems
 from memory.split import MemoryConfig
 from search import SearchConfig, run_search
+from tts_runtime.cohost.runtime import Runtime, check_cohost
 from tts_runtime.config import CohostConfig, ConfigError, EngineConfig, ParallelConfig
-from tts_runtime.executor.pipeline import PipelineFailure
-from tts_runtime.runtime import Runtime, check_cohost
+from tts_runtime.executor.pipeline.pipeline import PipelineFailure
+from tts_runtime.runs.datasets import load_problems
 
 SEEDED = SearchConfig(n=4, beam_width=2, num_iterations=2, max_step_tokens=40, max_tokens=48, eos_sampling=False,
                       problem_batch=2, temperature=0.8, seed=7)

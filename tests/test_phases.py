@@ -1,4 +1,4 @@
-"""Phase scheduling of the co-hosted pair (tts_runtime/phases.py) on the real demo models.
+"""Phase scheduling of the co-hosted pair (tts_runtime/cohost/phases.py) on the real demo models.
 
 A small run whose forwards can be counted by hand: one generate request (n=2, 5 greedy
 tokens) and one score request, prompts cut into 16-token prefill chunks. The generator needs
@@ -16,13 +16,13 @@ import pytest
 import torch
 
 from evals.bench_cohost import speedup_ceilings
-from evals.datasets import load_problems
 from memory.split import MemoryConfig
 from search import SearchConfig, run_search
+from tts_runtime.cohost.phases import GENERATOR, PRM, PhaseScheduler
+from tts_runtime.cohost.runtime import Runtime, check_cohost
 from tts_runtime.config import CohostConfig, ConfigError, EngineConfig, SchedulerConfig, resolve_phase_policy
 from tts_runtime.engine.request import SamplingParams, ScoreParams
-from tts_runtime.phases import GENERATOR, PRM, PhaseScheduler
-from tts_runtime.runtime import Runtime, check_cohost
+from tts_runtime.runs.datasets import load_problems
 
 CHUNK = 16
 QUESTION = "What is the sum of the first ten positive integers? Think step by step."

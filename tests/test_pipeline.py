@@ -22,10 +22,10 @@ import torch
 from tts_runtime import CacheConfig, Engine, EngineConfig, SamplingParams, SchedulerConfig, ScoreParams
 from tts_runtime.config import ConfigError, ParallelConfig
 from tts_runtime.executor.batch import AttentionMetadata, ModelInput
-from tts_runtime.executor.pipeline import PipelineFailure
 from tts_runtime.executor.layer_costs import measure_stage_costs
-from tts_runtime.executor.stage_placement import resolved_transport, stage_devices
-from tts_runtime.executor.stage_split import balanced_split, stage_layers
+from tts_runtime.executor.pipeline.pipeline import PipelineFailure
+from tts_runtime.executor.pipeline.stage_placement import resolved_transport, stage_devices
+from tts_runtime.executor.pipeline.stage_split import balanced_split, stage_layers
 from tts_runtime.models.decoder import ModelPart
 from tts_runtime.models.loader import load_model
 

@@ -18,11 +18,11 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from evals.datasets import load_problems
 from search.prm import REWARD_HEAD_CLASSES, check_prm_head, make_prm_format
 from tts_runtime import Engine, EngineConfig, ScoreParams
 from tts_runtime.config import ConfigError
 from tts_runtime.models.loader import LoadedModel, load_model, load_tokenizer
+from tts_runtime.runs.datasets import load_problems
 
 SEPARATOR = "<extra_0>"
 STEPS = ["We need $x^2 = 16$, so $x = \\pm 4$.", "The positive root is $4$.",
@@ -120,11 +120,11 @@ def test_beam_search_scores_steps_with_the_head(tiny_prm, generator_model, math5
     score is a class-1 probability, and a format that reads tokens is refused up front."""
     from dataclasses import replace
 
-    from evals.report import RunFolder
-    from evals.run import run_into_folder
+    from tts_runtime.runs.run_folder import RunFolder
+    from tts_runtime.runs.run import run_into_folder
     from memory.split import MemoryConfig
     from search.config import SearchConfig
-    from tts_runtime.runtime import Runtime
+    from tts_runtime.cohost.runtime import Runtime
 
     _, loaded = tiny_prm
     problems = load_problems("math500", dataset_path=str(math500_path), levels={1}, limit=1)

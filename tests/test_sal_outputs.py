@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import json
 
-from evals.datasets import load_problems
-from evals.report import METRICS_FILE, RunFolder
-from evals.run import run_into_folder
+from tts_runtime.runs.datasets import load_problems
+from tts_runtime.runs.run_folder import METRICS_FILE, RunFolder
+from tts_runtime.runs.run import run_into_folder
 from search.config import SearchConfig
 from search.problem import Problem
 from search.results import BeamResult, ProblemResult

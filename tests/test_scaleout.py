@@ -21,17 +21,17 @@ from typer.testing import CliRunner
 # to collect the rest of the suite (`pytest -m gpu tests/`).
 ray = pytest.importorskip("ray", reason="scale-out tests need Ray (pip install ray)")
 
-from evals.datasets import load_problems
-from evals.ray_pool import ReplicaPool, ray_cluster
-from evals.scale_config import ScaleOut
-from evals.report import METRICS_FILE, RESULTS_FILE, RunFolder
-from evals.run import RunOutcome
-from evals.scaleout import ReplicaSpec, run_scaled
 from memory.split import MemoryConfig, parse_size
 from search import ProblemResult, SearchConfig
 from tests.conftest import GENERATOR, PRM
 from tts_runtime.cli import app
 from tts_runtime.config import EngineConfig, ModelSpec
+from tts_runtime.runs.datasets import load_problems
+from tts_runtime.runs.ray_pool import ReplicaPool, ray_cluster
+from tts_runtime.runs.run import RunOutcome
+from tts_runtime.runs.run_folder import METRICS_FILE, RESULTS_FILE, RunFolder
+from tts_runtime.runs.scale_config import ScaleOut
+from tts_runtime.runs.scaleout import ReplicaSpec, run_scaled
 
 # Greedy, so a problem's result cannot depend on which replica solved it or what it shared
 # a batch with; two problems in flight per replica exercise the replica's own batching.

@@ -11,16 +11,16 @@ import math
 
 import pytest
 
-from evals.datasets import load_problems
+from search import ScoreCache, SearchConfig, run_search
 from search.answers import extract_answer
+from search.beam_search import refill
+from search.beam_state import Beam, split_steps
+from search.driver import solve
 from search.grading import grade, majority_pick, weighted_pick
 from search.problem import Problem
-from search import ScoreCache, SearchConfig, run_search
-from search.beam import refill
-from search.beams import Beam, split_steps
-from search.driver import solve
 from search.session import SearchSession
 from tts_runtime.config import ConfigError
+from tts_runtime.runs.datasets import load_problems
 
 # eos_sampling off: the last iteration is one more step, so every iteration is comparable
 # (tests/test_semantics.py covers the default run to the end).

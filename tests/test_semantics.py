@@ -7,8 +7,8 @@ are tested in test_search.py and test_prompts_prm.py on the real demo models."""
 
 from __future__ import annotations
 
-from search.beam import final_beams, keep, refill
-from search.beams import Beam, StepCounts
+from search.beam_search import final_beams, keep, refill
+from search.beam_state import Beam, StepCounts
 from search.config import SearchConfig
 from search.problem import Problem
 from search.results import summarize

@@ -10,11 +10,11 @@ from dataclasses import replace
 import pytest
 from typer.testing import CliRunner
 
-from evals.datasets import load_problems
 from search import ProblemResult, SearchConfig, run_search
 from tts_runtime.cli import app
 from tts_runtime.config import ConfigError
 from tts_runtime.engine.request import SamplingParams
+from tts_runtime.runs.datasets import load_problems
 
 # n=4, M=2: two survivors, two copies each; three iterations, the last runs to the end
 # (eos_sampling, max_tokens 48), so speculation covers steps and the run to the end.

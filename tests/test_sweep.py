@@ -11,8 +11,8 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-import memory.sweep as sweep
-from memory.sweep import SWEEP_COLUMNS, phase_switching_seconds, sweep_memory
+import evals.memory_sweep as sweep
+from evals.memory_sweep import SWEEP_COLUMNS, phase_switching_seconds, sweep_memory
 from tts_runtime.config import ConfigError
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"

@@ -33,7 +33,7 @@ SMALL = EngineConfig(cache=CacheConfig(kv_cache_bytes=KV_BYTES),
 
 @pytest.fixture(scope="module")
 def math_prompts(generator_model, math500_path) -> list[list[int]]:
-    from evals.datasets import load_problems
+    from tts_runtime.runs.datasets import load_problems
     from search.prompts import PromptBuilder
 
     builder = PromptBuilder(generator_model.tokenizer)
@@ -43,7 +43,7 @@ def math_prompts(generator_model, math500_path) -> list[list[int]]:
 
 @pytest.fixture(scope="module")
 def vllm_generator(generator_model):
-    from tts_runtime.vllm_engine import VllmEngine
+    from tts_runtime.cohost.vllm_engine import VllmEngine
 
     engine = VllmEngine(generator_model.name, SMALL, loaded=generator_model, kv_cache_bytes=KV_BYTES)
     yield engine
@@ -52,7 +52,7 @@ def vllm_generator(generator_model):
 
 @pytest.fixture(scope="module")
 def vllm_prm(prm_model):
-    from tts_runtime.vllm_engine import VllmEngine
+    from tts_runtime.cohost.vllm_engine import VllmEngine
 
     engine = VllmEngine(prm_model.name, SMALL, loaded=prm_model, kv_cache_bytes=KV_BYTES)
     yield engine
@@ -84,7 +84,7 @@ def test_stop_strings_n_and_finish_reasons(vllm_generator, math_prompts):
 
 @needs_vllm
 def test_prm_scores_equal_the_native_engine(prm_model, vllm_prm, math500_path):
-    from evals.datasets import load_problems
+    from tts_runtime.runs.datasets import load_problems
     from search.prm import make_prm_format
 
     question = load_problems("math500", dataset_path=str(math500_path), limit=1)[0].question
@@ -170,7 +170,7 @@ def test_unsupported_architecture_is_a_config_error():
         pytest.skip("needs vLLM's model registry")
     from vllm import ModelRegistry
 
-    from tts_runtime.vllm_engine import architecture
+    from tts_runtime.cohost.vllm_engine import architecture
 
     assert architecture({"model_type": "gemma3_text"}) in ModelRegistry.get_supported_archs()
     with pytest.raises(ConfigError, match="cannot tell the architecture"):
@@ -206,7 +206,7 @@ def test_missing_vllm_is_a_one_line_error(math500_path):
 
 @needs_vllm
 def test_dummy_models_are_refused():
-    from tts_runtime.vllm_engine import VllmEngine
+    from tts_runtime.cohost.vllm_engine import VllmEngine
 
     with pytest.raises(ConfigError, match="real weights only"):
         VllmEngine("dummy:llama-3.2-1b", EngineConfig(device="cpu"))

@@ -94,7 +94,7 @@ class ParallelConfig:
     pp_layers: tuple[int, ...] | None = None  # layers per stage (generator); None: balanced by cost
     # Activations between stages: "shm" (shared-memory slots; through host memory for GPU
     # stages), "gloo" or "nccl" (torch.distributed point-to-point); auto: nccl when every
-    # stage has a GPU of its own, else shm (executor/stage_placement.py).
+    # stage has a GPU of its own, else shm (executor/pipeline/stage_placement.py).
     transport: str = "auto"
     threads_per_stage: int | None = None  # torch threads in each stage (None: cores // pp_size)
     # SiPipe: the last stage returns logits rows and the driver samples them while the
@@ -125,8 +125,8 @@ PHASE_POLICIES = ("auto", "alternate", "batched")
 
 @dataclass(frozen=True)
 class CohostConfig:
-    """How the runtime drives its co-hosted generator and PRM (tts_runtime/phases.py,
-    tts_runtime/overlap.py); measured by `tts bench cohost`.
+    """How the runtime drives its co-hosted generator and PRM (tts_runtime/cohost/phases.py,
+    tts_runtime/cohost/overlap.py); measured by `tts bench cohost`.
 
     `alternate` steps each engine that has work once per runtime step. `batched` (Seesaw's
     transition-minimising rule) keeps stepping one engine across all in-flight problems:

@@ -11,21 +11,21 @@ from dataclasses import dataclass, field
 import torch
 
 from tts_runtime.config import ConfigError, EngineConfig, ModelSpec, resolve_device, resolve_dtype
-from tts_runtime.engine.blocking import BlockingCalls
-from tts_runtime.engine.busy import BusyClock
 from tts_runtime.engine.batch_builder import BatchLayout, build_model_input
 from tts_runtime.engine.block_manager import ROOT_HASH, BlockManager
+from tts_runtime.engine.blocking_calls import BlockingCalls
+from tts_runtime.engine.busy import BusyClock
 from tts_runtime.engine.detokenizer import IncrementalDetokenizer
 from tts_runtime.engine.events import BlockEventListener
 from tts_runtime.engine.forward_costs import ForwardCostSums
-from tts_runtime.engine.host_tier import TieredKV
 from tts_runtime.engine.request import CompletionOutput, RequestOutput, SamplingParams, ScoreParams
-from tts_runtime.executor.sampler import SamplingRow, child_seed, sample
 from tts_runtime.engine.scheduler import Scheduler
 from tts_runtime.engine.sequence import RequestGroup, Sequence, SequenceStatus
+from tts_runtime.engine.tiered_kv import TieredKV
 from tts_runtime.executor.batch import ModelOutput, SamplePlan
 from tts_runtime.executor.build import Executor, build_executor
 from tts_runtime.executor.kv_cache import KVAllocation, bytes_per_block
+from tts_runtime.executor.sampler import SamplingRow, child_seed, sample
 from tts_runtime.models.loader import LoadedModel, load_model
 
 DEFAULT_CPU_KV_BYTES = 1 << 30
@@ -325,7 +325,9 @@ class Engine(BlockingCalls):
                                      batch.num_tokens - len(batch.decodes), launched_at)
             future.add_done_callback(microbatch.finish)
             if self.host_kv is not None:
-                self.host_kv.after_launch(self.scheduler)
+                self.host_kv.after_launch()
+                if self.host_kv.prefetch and self.scheduler.prefetch():  # for the next step, while this forward runs
+                    self.host_kv.copy_prefetched()
             self._in_flight.append(microbatch)
             launched += 1
             self.stats.steps += 1

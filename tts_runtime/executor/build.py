@@ -11,9 +11,9 @@ from tts_runtime.executor.attention import AttentionBackend, select_backend
 from tts_runtime.executor.batch import ModelInput, ModelOutput, SamplePlan
 from tts_runtime.executor.cuda_graphs import CudaGraphRunner
 from tts_runtime.executor.kv_cache import KVAllocation, KVCaches, allocate_kv_cache
-from tts_runtime.executor.local import LocalExecutor
-from tts_runtime.executor.pipeline import PipelineGroup, StageModel
 from tts_runtime.executor.layer_ops import layer_ops
+from tts_runtime.executor.local import LocalExecutor
+from tts_runtime.executor.pipeline.pipeline import PipelineGroup, StageModel
 from tts_runtime.models.layers import LayerOps
 from tts_runtime.models.loader import LoadedModel
 

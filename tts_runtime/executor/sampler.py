@@ -16,12 +16,27 @@ forward to finish), so the only host synchronisation is the final `.tolist()`.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import torch
 
-if TYPE_CHECKING:  # a message type of the engine above: its name only, no import cycle
-    from tts_runtime.engine.request import SamplingParams
+class SamplingParams(Protocol):
+    """What sampling reads of a request's settings (engine/request.py's SamplingParams,
+    which lives in the engine above)."""
+
+    temperature: float
+    top_k: int
+    top_p: float
+    min_p: float
+    repetition_penalty: float
+    presence_penalty: float
+    frequency_penalty: float
+
+    @property
+    def greedy(self) -> bool: ...
+
+    @property
+    def uses_penalties(self) -> bool: ...
 
 
 _SEED_MASK = 0x7FFF_FFFF_FFFF_FFFF

@@ -10,7 +10,7 @@ has a small classifier (`score`) in place of the LM head: its "columns" are the 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import torch
 from torch import nn
@@ -19,9 +19,21 @@ from tts_runtime.models.arch import ArchConfig, RopeConfig
 from tts_runtime.models.layers import (EAGER_OPS, GatedMLP, LayerOps, RMSNorm, inverse_frequencies, project,
                                        rotary_cos_sin)
 
-if TYPE_CHECKING:  # the engine sits above the models: type names only, no import cycle
-    from tts_runtime.executor.attention import AttentionBackend
-    from tts_runtime.executor.batch import AttentionMetadata
+class AttentionMetadata(Protocol):
+    """What the layers read of a batch's attention inputs (executor/batch.py's
+    AttentionMetadata; the executor sits above the models)."""
+
+    slot_mapping: torch.Tensor
+
+
+class AttentionBackend(Protocol):
+    """What the layers call of an attention backend (executor/attention.py)."""
+
+    def store_kv(self, key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                 slot_mapping: torch.Tensor) -> None: ...
+
+    def attend(self, query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata,
+               scale: float, window: int | None, softcap: float | None) -> torch.Tensor: ...
 
 
 class Attention(nn.Module):

@@ -38,7 +38,7 @@ from typing import Any
 import torch
 
 from tts_runtime.config import ConfigError, EngineConfig, ModelSpec, resolve_device, resolve_dtype
-from tts_runtime.engine.blocking import BlockingCalls
+from tts_runtime.engine.blocking_calls import BlockingCalls
 from tts_runtime.engine.engine import RequestError
 from tts_runtime.engine.request import CompletionOutput, FinishReason, RequestOutput, SamplingParams, ScoreParams
 from tts_runtime.executor.kv_cache import bytes_per_block

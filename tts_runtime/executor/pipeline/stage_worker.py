@@ -36,15 +36,15 @@ from dataclasses import dataclass, replace
 import torch
 import zmq
 
-from tts_runtime.executor.activation_link import ActivationLink, DistributedLink, SharedMemoryLink
 from tts_runtime.executor.attention import select_backend
 from tts_runtime.executor.batch import AttentionMetadata, ModelInput, ModelOutput
-from tts_runtime.executor.layer_ops import layer_ops
 from tts_runtime.executor.kv_cache import allocate_kv_cache
+from tts_runtime.executor.layer_ops import layer_ops
 from tts_runtime.executor.local import compute_output_logits
+from tts_runtime.executor.pipeline.activation_link import ActivationLink, DistributedLink, SharedMemoryLink
+from tts_runtime.executor.pipeline.stage_graphs import StageGraphs
 from tts_runtime.executor.sampler import sample
-from tts_runtime.executor.stage_graphs import StageGraphs
-from tts_runtime.executor.stage_messages import (STARTUP_SECONDS, Launch, Ready, Shutdown, StageFailure, StageModelSetup,
+from tts_runtime.executor.pipeline.stage_messages import (STARTUP_SECONDS, Launch, Ready, Shutdown, StageFailure, StageModelSetup,
                                                  StageResult, StageSetup, TraceDump, TraceRequest)
 from tts_runtime.models.decoder import ModelPart
 from tts_runtime.models.loader import load_model

@@ -31,8 +31,8 @@ import ray
 import ray._private.ray_constants as ray_constants
 from ray.exceptions import ActorUnavailableError, RayError, RayTaskError
 
-from evals.scale_config import ScaleOut
 from tts_runtime.config import ConfigError
+from tts_runtime.runs.scale_config import ScaleOut
 
 ATTEMPTS = 2  # a work item runs at most twice
 _LOCAL_OBJECT_STORE = 100 << 20

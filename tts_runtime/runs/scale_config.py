@@ -1,5 +1,5 @@
 """How a run spreads over Ray replicas: the plain settings, kept apart from
-`evals.ray_pool` so that parsing them does not import Ray (a second of start-up, and a
+`tts_runtime.runs.ray_pool` so that parsing them does not import Ray (a second of start-up, and a
 package a one-process run on a GPU box need not have)."""
 
 from __future__ import annotations

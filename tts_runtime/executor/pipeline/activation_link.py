@@ -27,7 +27,7 @@ import torch
 import torch.distributed as dist
 import zmq
 
-from tts_runtime.executor.stage_messages import StageSetup
+from tts_runtime.executor.pipeline.stage_messages import StageSetup
 
 Receive = Callable[..., object]  # a blocking ZeroMQ receive that checks the driver is alive
 

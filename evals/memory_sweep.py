@@ -6,7 +6,7 @@ runs the same search on the same problems (seeded, so the searches match). With
 `--repeats R` the settings run round-robin R times (A, B, C, A, B, C, ...) and every
 number is the median over the repeats: the machines are shared and noisy. With
 `--replicas N` the (setting, repeat) runs go out from one queue to N Ray replicas
-(evals/ray_pool.py), each of which loads and profiles the models once; runs side by
+(tts_runtime/runs/ray_pool.py), each of which loads and profiles the models once; runs side by
 side share the machine, so compare settings within one sweep only. With `--backend vllm`
 both models run on vLLM engines sized by each static split (and `auto`); vLLM cannot
 follow `elastic`, and it reports no block events, so its rows have no thrash counts or
@@ -43,26 +43,27 @@ from typing import TYPE_CHECKING, Annotated, Optional
 import torch
 import typer
 
-from evals.bench import SideBySide, machine_info
-from evals.datasets import Problem, load_problems
-from evals.scale_config import ScaleOut
-from memory.plots import plot_hit_rate, plot_sweep, plot_throughput
+from evals.bench import SideBySide
+from evals.memory_plots import plot_hit_rate, plot_sweep, plot_throughput
+from evals.shifting_workload import WorkloadPhase, workload_phases
 from memory.profile import MemoryProfile, format_bytes
-from memory.shifting_workload import WorkloadPhase, workload_phases
 from memory.split import POLICIES, MemoryConfig, Workload, parse_size
 from search.config import SearchConfig
 from search.driver import run_search
 from search.prm import make_prm_format
 from search.prm_detect import detect_prm_format
 from search.prompts import PromptBuilder
+from tts_runtime.cohost.runtime import Runtime, check_backend, profile_models
 from tts_runtime.config import CacheConfig, ConfigError, EngineConfig, SchedulerConfig, resolve_device, resolve_dtype
 from tts_runtime.engine.engine import RequestError
 from tts_runtime.executor.device_memory import return_freed_host_memory
 from tts_runtime.models.loader import LoadedModel, load_model
-from tts_runtime.runtime import Runtime, check_backend, profile_models
+from tts_runtime.runs.datasets import Problem, load_problems
+from tts_runtime.runs.environment import machine_info
+from tts_runtime.runs.scale_config import ScaleOut
 
 if TYPE_CHECKING:
-    from evals.ray_pool import ReplicaInfo
+    from tts_runtime.runs.ray_pool import ReplicaInfo
 
 SWEEP_COLUMNS = (
     "setting",  # "static 0.30", "auto", "elastic"
@@ -255,7 +256,7 @@ class SweepReplica:
         self.models = SweepModels(gen_loaded, prm_loaded, profile_models(gen_loaded, prm_loaded, engine_config))
 
     def ready(self) -> ReplicaInfo:
-        from evals import ray_pool  # Ray only where replicas run
+        from tts_runtime.runs import ray_pool  # Ray only where replicas run
 
         return ray_pool.ReplicaInfo.here()
 
@@ -286,7 +287,7 @@ def _run_parallel(settings: list[SweepSetting], phases: list[WorkloadPhase], mem
                   engine_config: EngineConfig, workload: Workload, repeats: int, parallel: SweepParallel,
                   echo) -> tuple[dict[str, list[dict]], dict[str, dict]]:
     """Every (setting, repeat) from one queue, in round-robin order, over the replicas."""
-    from evals.ray_pool import ReplicaPool, WorkItem, ray_cluster  # imports Ray: only for --replicas
+    from tts_runtime.runs.ray_pool import ReplicaPool, WorkItem, ray_cluster  # imports Ray: only for --replicas
 
     by_key = {f"{s.label}#{r}": s for r in range(repeats) for s in settings}
     items = [WorkItem(key, (s, phases, memory, engine_config, workload)) for key, s in by_key.items()]
@@ -546,7 +547,7 @@ def sweep_memory(
                                               "static and auto splits)")] = "native",
     workload_kind: Annotated[str, typer.Option("--workload", help="steady (the search on every problem) or "
                                                "shifting (half the problems generator-heavy best-of-N, then "
-                                               "half PRM-heavy beam search; memory/shifting_workload.py)")]
+                                               "half PRM-heavy beam search; evals/shifting_workload.py)")]
     = "steady",
 ) -> None:
     """Run one search workload at many memory splits and policies; write sweep.csv/json and plots."""

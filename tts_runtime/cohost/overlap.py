@@ -1,7 +1,7 @@
 """Overlapped generator and PRM: both engines' forwards run at the same time.
 
 On CPU each engine's forward runs in its own worker process: a one-stage pipeline group
-(executor/pipeline.py: spawned process, ZeroMQ control, results on a receiving thread)
+(executor/pipeline/pipeline.py: spawned process, ZeroMQ control, results on a receiving thread)
 per model, each with its share of the cores. Under pipeline parallelism (pp > 1) the
 runtime's one group of stages already serves both models; there the two engines' microbatches
 are launched in turn into it, so each fills the other's pipeline bubbles. On CUDA each
@@ -29,7 +29,7 @@ from tts_runtime.engine.engine import Engine
 from tts_runtime.engine.request import RequestOutput
 from tts_runtime.executor.batch import ModelInput, ModelOutput, SamplePlan
 from tts_runtime.executor.local import LocalExecutor
-from tts_runtime.executor.pipeline import PipelineGroup, StageModel
+from tts_runtime.executor.pipeline.pipeline import PipelineGroup, StageModel
 
 
 def worker_group(model: StageModel, config: EngineConfig, threads: int) -> PipelineGroup:

@@ -12,7 +12,7 @@ here the survivors are returned and the result says so (`completed_beams == 0`).
 
 from __future__ import annotations
 
-from search.beams import Beam, StepBackend
+from search.beam_state import Beam, StepBackend
 from search.config import SearchConfig
 
 

@@ -34,13 +34,13 @@ import zmq
 
 from tts_runtime.config import EngineConfig
 from tts_runtime.executor.batch import ModelInput, ModelOutput, SamplePlan
-from tts_runtime.executor.stage_messages import (STARTUP_SECONDS, Launch, Ready, Shutdown, StageFailure,
+from tts_runtime.executor.pipeline.stage_messages import (STARTUP_SECONDS, Launch, Ready, Shutdown, StageFailure,
                                                  StageModelSetup, StageResult, StageSetup, TraceDump,
                                                  TraceRequest)
 from tts_runtime.executor.layer_costs import measure_stage_costs
-from tts_runtime.executor.stage_placement import resolved_transport, stage_devices
-from tts_runtime.executor.stage_split import stage_layers
-from tts_runtime.executor.stage_worker import stage_main
+from tts_runtime.executor.pipeline.stage_placement import resolved_transport, stage_devices
+from tts_runtime.executor.pipeline.stage_split import stage_layers
+from tts_runtime.executor.pipeline.stage_worker import stage_main
 from tts_runtime.models.arch import ArchConfig
 from tts_runtime.models.loader import LoadedModel
 

@@ -11,9 +11,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from evals.environment import environment
-from evals.metrics import RunCounters, run_metrics
-from evals.report import RunFolder, RunFolderWriteError
 from search.config import SearchConfig
 from search.driver import run_search
 from search.prm import check_prm_head
@@ -23,8 +20,11 @@ from search.results import FailedProblem, ProblemResult
 from search.sal_outputs import accuracy_at_k, completions_file, sal_row
 from search.score_cache import ScoreCache
 from search.session import prm_format_name
+from tts_runtime.cohost.runtime import Runtime
 from tts_runtime.config import ConfigError
-from tts_runtime.runtime import Runtime
+from tts_runtime.runs.environment import environment
+from tts_runtime.runs.metrics import RunCounters, run_metrics
+from tts_runtime.runs.run_folder import RunFolder, RunFolderWriteError
 
 
 @dataclass

@@ -3,9 +3,9 @@
 Each replica is a Ray actor that builds its own Runtime (generator + PRM on its device)
 and solves the problems it is handed, up to `problem_batch` at once, sharing its engines'
 batches. The driver (this process) owns the run folder: it hands problems out from one
-queue as replicas free up (evals/ray_pool.py), appends each result to `results.jsonl` as
+queue as replicas free up (tts_runtime/runs/ray_pool.py), appends each result to `results.jsonl` as
 it arrives, and writes config.json and metrics.json like a one-process run
-(evals/run.py), so `--resume` and every reader of a run folder work unchanged.
+(tts_runtime/runs/run.py), so `--resume` and every reader of a run folder work unchanged.
 
 Faults: a replica that dies is restarted once by Ray and its in-flight problems go back
 on the queue; a problem that fails twice gets a failure line in results.jsonl (its id
@@ -13,7 +13,7 @@ and error, as a one-process run writes for a search that raised), is listed unde
 `failed` and `scaleout.failed` in metrics.json, and a later `--resume` tries it again. Killing the driver loses no finished problem: they are fsynced one by
 one; the local Ray cluster dies with the driver.
 
-This is a driver module: only the CLI and memory/sweep.py import it.
+This is a driver module: only the CLI and evals/memory_sweep.py import it.
 """
 
 from __future__ import annotations
@@ -26,17 +26,17 @@ from typing import Any
 
 import torch
 
-from evals.datasets import Problem
-from evals.metrics import EngineCounters, RunCounters, run_metrics
-from evals.ray_pool import ReplicaInfo, ReplicaPool, WorkItem, ray_cluster
-from evals.report import RunFolder
-from evals.scale_config import ScaleOut
-from evals.run import RunOutcome, failed_metrics, run_config, split_finished
 from memory.split import MemoryConfig
 from search import ProblemResult, ScoreCache, SearchConfig, arun_search
 from search.results import FailedProblem
+from tts_runtime.cohost.runtime import Runtime
 from tts_runtime.config import EngineConfig, ModelSpec
-from tts_runtime.runtime import Runtime
+from tts_runtime.runs.datasets import Problem
+from tts_runtime.runs.metrics import EngineCounters, RunCounters, run_metrics
+from tts_runtime.runs.ray_pool import ReplicaInfo, ReplicaPool, WorkItem, ray_cluster
+from tts_runtime.runs.run import RunOutcome, failed_metrics, run_config, split_finished
+from tts_runtime.runs.run_folder import RunFolder
+from tts_runtime.runs.scale_config import ScaleOut
 
 
 @dataclass(frozen=True)

@@ -3,8 +3,8 @@
 Callers enqueue generate/score requests and get asyncio futures (or use the blocking
 helpers). One driver steps the engines while any future is pending, so requests from every
 in-flight search share the engines' batches. Which engine steps when is the phase policy's
-choice (tts_runtime/phases.py: alternate every step, or Seesaw-style batched phases); with
-`overlap` both engines' forwards run at once (tts_runtime/overlap.py: a worker process each
+choice (tts_runtime/cohost/phases.py: alternate every step, or Seesaw-style batched phases); with
+`overlap` both engines' forwards run at once (tts_runtime/cohost/overlap.py: a worker process each
 on CPU, a CUDA stream each on a GPU, both models' microbatches in one pipeline under pp > 1).
 
 Memory: both models are profiled (weights, peak activations of a forward at the token
@@ -27,21 +27,21 @@ from memory.pool import ElasticKVPool
 from memory.profile import MemoryProfile, ProfileCache, profile_model
 from memory.split import MemoryConfig, MemoryPlan, Workload, plan_memory
 from memory.thrash import ThrashTracker
-from tts_runtime.cohost_stats import CohostCounters, EngineCounters
+from tts_runtime.cohost.stats import CohostCounters, EngineCounters
 from tts_runtime.config import (CohostConfig, ConfigError, EngineConfig, ModelSpec, ParallelConfig, resolve_device,
                                 resolve_dtype, resolve_phase_policy)
+from tts_runtime.cohost.overlap import OverlapStepper, StreamExecutor, worker_group, worker_threads
+from tts_runtime.cohost.phases import GENERATOR, PRM, PhaseScheduler
+from tts_runtime.cohost.vllm_engine import VllmEngine, require_vllm
+from tts_runtime.engine.engine import Engine
+from tts_runtime.engine.request import RequestOutput, SamplingParams, ScoreParams
 from tts_runtime.executor.build import build_local_executor
 from tts_runtime.executor.device_memory import device_memory_info, return_freed_host_memory
-from tts_runtime.engine.engine import Engine
 from tts_runtime.executor.kv_cache import KVAllocation, bytes_per_block, element_size, shared_kv_views
 from tts_runtime.executor.layer_ops import packed_weight_bytes, resolved_linear_backend
-from tts_runtime.executor.pipeline import PipelineGroup, StageModel
+from tts_runtime.executor.pipeline.pipeline import PipelineGroup, StageModel
 from tts_runtime.executor.profiling import EngineRole, profile_tokens, profiling_forward
-from tts_runtime.engine.request import RequestOutput, SamplingParams, ScoreParams
 from tts_runtime.models.loader import LoadedModel, cache_root, load_model
-from tts_runtime.overlap import OverlapStepper, StreamExecutor, worker_group, worker_threads
-from tts_runtime.phases import GENERATOR, PRM, PhaseScheduler
-from tts_runtime.vllm_engine import VllmEngine, require_vllm
 
 BACKENDS = ("native", "vllm")
 _DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
@@ -126,7 +126,7 @@ class Runtime:
         informs the auto and elastic policies; `profiles` skips profiling (a sweep profiles
         once for every setting);
         `backend`: "native" (our engine) or "vllm" (each model on a vLLM engine, sized by
-        the same memory plan; see tts_runtime/vllm_engine.py)."""
+        the same memory plan; see tts_runtime/cohost/vllm_engine.py)."""
         self.backend = backend
         return_freed_host_memory()  # an earlier runtime's KV, before this one allocates its own
         self.engine_config = engine_config or EngineConfig()

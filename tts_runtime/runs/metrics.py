@@ -13,7 +13,7 @@ from typing import Any
 
 from search.results import ProblemResult
 from search.score_cache import ScoreCache
-from tts_runtime.runtime import Runtime
+from tts_runtime.cohost.runtime import Runtime
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """PNG plots of memory behaviour: one run's block timeline, and a memory sweep's curves.
 
-Sweep rows are the dicts of memory/sweep.py (columns documented there); static settings
+Sweep rows are the dicts of evals/memory_sweep.py (columns documented there); static settings
 draw the curve over the PRM fraction, auto and elastic are marked at the fraction they
 used (elastic: its step-averaged PRM share of the KV pool).
 """

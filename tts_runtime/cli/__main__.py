@@ -1,0 +1,5 @@
+"""`python -m tts_runtime.cli`: the `tts` command line."""
+
+from tts_runtime.cli import app
+
+app()
