@@ -156,7 +156,7 @@ class EngineConfig:
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     # Runtime level: how the co-hosted pair is stepped (an engine alone ignores it).
     cohost: CohostConfig = field(default_factory=CohostConfig)
-    device: str = "auto"  # "auto", "cpu", "cuda", "cuda:1", ...
+    device: str = "auto"  # "auto", "cpu", "cuda", "cuda:1", ..., "sim", "sim:COSTS.json"
     attention_backend: str = "auto"  # "auto" (triton on CUDA, else cpu), "cpu", "torch", "triton"
     seed: int = 0
     # Torch backend: run decodes in groups of similar context length rather than padding
@@ -202,6 +202,8 @@ class EngineConfig:
 def resolve_device(device: str) -> torch.device:
     if device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if device == "sim" or device.startswith("sim:"):  # a simulated device: the host side is the CPU's
+        return torch.device("cpu")
     dev = torch.device(device)
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise ConfigError(f"device '{device}' requested but CUDA is not available; use --device cpu")
