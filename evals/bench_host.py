@@ -21,10 +21,11 @@ import time
 from collections.abc import Callable, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import search.driver
-from evals.bench import write_report
+from evals.bench import SideBySide, write_report
 from evals.datasets import load_problems
 from memory.split import MemoryConfig
 from search.config import SearchConfig
@@ -51,6 +52,10 @@ class HostBench:
     memory: MemoryConfig = field(default_factory=lambda: MemoryConfig(device_memory=H100_BUDGET,
                                                                       prm_fraction=0.3, policy="static"))
     phase_policy: str = "batched"
+    # Variants run side by side, alternating, `rounds` times: the driver hidden behind the
+    # forwards (CohostConfig.hide_driver) off and/or on.
+    hide_driver: Sequence[bool] = (False,)
+    rounds: int = 1
     dataset_path: str | None = None
     stem: str = "host"
 
@@ -85,9 +90,10 @@ def _timed_grading(timer: _Timed):
 
 
 def measure(bench: HostBench, models: tuple[LoadedModel, LoadedModel], problems: Sequence[Problem],
-            problem_batch: int) -> dict[str, Any]:
+            problem_batch: int, hide_driver: bool) -> dict[str, Any]:
     """One run on a fresh runtime (a cold prefix cache, as in a real run)."""
-    engine_config = EngineConfig(device=bench.device, cohost=CohostConfig(phase_policy=bench.phase_policy))
+    cohost = CohostConfig(phase_policy=bench.phase_policy, hide_driver=hide_driver)
+    engine_config = EngineConfig(device=bench.device, cohost=cohost)
     runtime = Runtime(*models, memory=bench.memory, engine_config=engine_config)
     config = SearchConfig(**{**bench.config.to_dict(), "problem_batch": problem_batch})
     device = shared_device(bench.device)
@@ -118,7 +124,7 @@ def measure(bench: HostBench, models: tuple[LoadedModel, LoadedModel], problems:
         }
     driver = wall - stepping.seconds - grading.seconds
     return {
-        "problems": len(results), "problem_batch": problem_batch, "seconds": wall,
+        "problems": len(results), "problem_batch": problem_batch, "hide_driver": hide_driver, "seconds": wall,
         "problems_per_min": 60 * len(results) / wall,
         "ceiling_problems_per_min": 60 * len(results) / ceiling if ceiling else 0.0,
         "device_seconds": ceiling, "device_busy_fraction": ceiling / wall,
@@ -135,7 +141,8 @@ def _row(m: dict[str, Any]) -> dict[str, Any]:
     host = gen["host_seconds"] + prm["host_seconds"] + m["runtime_other_seconds"] + m["search_driver_seconds"] \
         + m["grading_seconds"]
     return {
-        "problems": m["problems"], "batch": m["problem_batch"], "problems/min": m["problems_per_min"],
+        "problems": m["problems"], "batch": m["problem_batch"], "hide driver": m["hide_driver"],
+        "problems/min": m["problems_per_min"],
         "ceiling/min": m["ceiling_problems_per_min"], "device busy": m["device_busy_fraction"],
         "gen busy": gen["busy_fraction"], "PRM busy": prm["busy_fraction"],
         "host share": host / wall,
@@ -147,23 +154,36 @@ def _row(m: dict[str, Any]) -> dict[str, Any]:
 
 
 def _phase_rows(m: dict[str, Any]) -> list[dict[str, Any]]:
-    return [{"problems": m["problems"], "batch": m["problem_batch"], "engine": name, "steps": e["steps"],
+    return [{"problems": m["problems"], "batch": m["problem_batch"], "hide driver": m["hide_driver"], "engine": name,
+             "steps": e["steps"],
              **{f"{p} ms": e[f"{p}_ms_per_step"] for p in PHASES}} for name, e in m["engines"].items()]
+
+
+def _logged(log: Callable[[str], None], measure_one: Callable[[], dict]) -> Callable[[], dict]:
+    def run() -> dict:
+        m = measure_one()
+        log(f"{m['problems']} problems, batch {m['problem_batch']}, hide_driver {m['hide_driver']}: "
+            f"{m['problems_per_min']:.1f} problems/min, ceiling {m['ceiling_problems_per_min']:.1f}, "
+            f"device busy {m['device_busy_fraction']:.0%}")
+        return m
+    return run
 
 
 def bench_host(bench: HostBench, command: str, log: Callable[[str], None] = print) -> dict:
     device = resolve_device(bench.device)
     log(f"loading {bench.generator} + {bench.prm} ...")
     models = tuple(load_model(name, resolve_dtype("auto", device), device) for name in (bench.generator, bench.prm))
-    measured = []
+    measured, medians = [], []
     for limit in bench.limits:
         problems = load_problems("math500", dataset_path=bench.dataset_path, limit=limit)
         for batch in bench.problem_batches:
-            log(f"{limit} problems at problem batch {batch} on {bench.device} ...")
-            m = measure(bench, models, problems, batch)
-            log(f"  {m['problems_per_min']:.1f} problems/min, ceiling {m['ceiling_problems_per_min']:.1f}, "
-                f"device busy {m['device_busy_fraction']:.0%}")
-            measured.append(m)
+            side = SideBySide(f"{limit}x{batch}")
+            variants = {f"hide_driver={hide}": _logged(log, partial(measure, bench, models, problems, batch, hide))
+                        for hide in bench.hide_driver}
+            side.run(variants, bench.rounds)
+            measured += [m for runs in side.runs.values() for m in runs]
+            medians.append({"problems": limit, "problem_batch": batch,
+                            **{label: side.median(label, "problems_per_min") for label in side.runs}})
     table = [_row(m) for m in measured]
     notes = [
         "Simulated H100 (`--device sim`): forwards run no math and take the H100 run's fitted cost "
@@ -179,8 +199,9 @@ def bench_host(bench: HostBench, command: str, log: Callable[[str], None] = prin
         "The host is this shared 2-core CPU, slower than an H100 server's host: host shares here are "
         "upper bounds for that machine.",
     ]
-    path = write_report(bench.stem, "Host time of the main job on a simulated H100", command,
-                        {"device": bench.device, "search": bench.config.to_dict(), "runs": measured}, table, notes)
+    summary = {"device": bench.device, "search": bench.config.to_dict(), "median_problems_per_min": medians,
+               "runs": measured}
+    path = write_report(bench.stem, "Host time of the main job on a simulated H100", command, summary, table, notes)
     phases = [row for m in measured for row in _phase_rows(m)]
     with path.open("a") as md:
         md.write("\nMilliseconds per engine step by phase (wait: blocked on the device):\n\n"
@@ -202,11 +223,16 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--problem-batches", type=int, nargs="+", default=[16, 64])
     parser.add_argument("--device", default="sim", help="sim or sim:COSTS.json")
     parser.add_argument("--phase-policy", default="batched")
+    parser.add_argument("--hide-driver", choices=("off", "on", "both"), default="off",
+                        help="both: off and on side by side, alternating")
+    parser.add_argument("--rounds", type=int, default=1, help="alternating rounds; medians")
     parser.add_argument("--dataset-path", default=None)
     parser.add_argument("--stem", default="host", help="docs/benchmarks/<stem>.json/md")
     args = parser.parse_args(argv)
     bench = HostBench(limits=args.limits, problem_batches=args.problem_batches, device=args.device,
-                      phase_policy=args.phase_policy, dataset_path=args.dataset_path, stem=args.stem)
+                      phase_policy=args.phase_policy, rounds=args.rounds,
+                      hide_driver={"off": (False,), "on": (True,), "both": (False, True)}[args.hide_driver],
+                      dataset_path=args.dataset_path, stem=args.stem)
     bench_host(bench, shlex.join(["python", "-m", "evals.bench_host", *(argv or sys.argv[1:])]))
 
 

@@ -125,3 +125,29 @@ def test_beam_runs_end_to_end_on_the_sim(tmp_path, math500_path):
     lines = (out / "results.jsonl").read_text().splitlines()
     assert len(lines) == 2
     assert all(json.loads(line)["beams"] for line in lines)
+
+
+def test_hidden_driver_runs_the_search_to_the_end(generator_model, prm_model, math500_path):
+    from evals.datasets import load_problems
+    from memory.split import MemoryConfig
+    from search.config import SearchConfig
+    from search.driver import run_search
+    from tts_runtime.config import CohostConfig
+    from tts_runtime.runtime import Runtime
+
+    problems = load_problems("math500", dataset_path=str(math500_path), limit=3)
+    config = EngineConfig(device="sim", cohost=CohostConfig(phase_policy="batched", hide_driver=True))
+    runtime = Runtime(generator_model, prm_model, memory=MemoryConfig(device_memory=4 << 30), engine_config=config)
+    try:
+        results = run_search(runtime, problems, SearchConfig(num_iterations=4, problem_batch=2))
+    finally:
+        runtime.shutdown()
+    assert [r.id for r in results] == [p.id for p in problems]
+    assert all(r.beams for r in results)
+
+
+def test_hidden_driver_and_overlap_are_exclusive():
+    from tts_runtime.config import CohostConfig, ConfigError
+
+    with pytest.raises(ConfigError, match="--hide-driver"):
+        CohostConfig(hide_driver=True, overlap=True)

@@ -134,8 +134,15 @@ class CohostConfig:
     generator_low_water: int = 0
     generator_buffer_seqs: int = 256
     overlap: bool = False
+    # Launch each step's forwards before the searches woken by the last step run, so their
+    # host work (search logic, score cache, grading) hides behind the device; their new
+    # requests join the step after (docs/benchmarks/host.md).
+    hide_driver: bool = False
 
     def __post_init__(self) -> None:
+        if self.hide_driver and self.overlap:
+            raise ConfigError("--hide-driver launches and collects each engine in the driver's loop; "
+                              "--overlap steps them in workers: use one of the two")
         if self.phase_policy not in PHASE_POLICIES:
             raise ConfigError(f"unknown phase policy '{self.phase_policy}'; choose "
                               f"{', '.join(PHASE_POLICIES[:-1])} or {PHASE_POLICIES[-1]}")
