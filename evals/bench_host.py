@@ -98,8 +98,12 @@ def measure(bench: HostBench, models: tuple[LoadedModel, LoadedModel], problems:
     config = SearchConfig(**{**bench.config.to_dict(), "problem_batch": problem_batch})
     device = shared_device(bench.device)
     stepping, grading = _Timed(), _Timed()
-    runtime.step = stepping.wrap(runtime.step)
-    before = {name: (engine.host_times.copy(), engine.busy.seconds, engine.stats.steps)
+    # The parts of a runtime step (hide_driver calls them apart, `step` calls them all).
+    runtime.choose_step = stepping.wrap(runtime.choose_step)
+    runtime.begin_step = stepping.wrap(runtime.begin_step)
+    runtime.finish_step = stepping.wrap(runtime.finish_step)
+    before = {name: (engine.host_times.copy(), engine.busy.seconds, engine.stats.steps,
+                     engine.stats.computed_tokens, sum(engine.stats.decode_batch_sizes))
               for name, engine in runtime.engines.items()}
     device_before = device.busy_seconds
     try:
@@ -112,13 +116,15 @@ def measure(bench: HostBench, models: tuple[LoadedModel, LoadedModel], problems:
     ceiling = device.busy_seconds - device_before
     engines, in_engines = {}, 0.0
     for name, engine in runtime.engines.items():
-        times, busy, steps = before[name]
+        times, busy, steps, computed, decodes = before[name]
         phases = (engine.host_times - times).seconds
         steps = engine.stats.steps - steps
         total = sum(v for k, v in phases.items() if k != "detokenize")
         in_engines += total
         engines[name] = {
             "steps": steps, "busy_fraction": (engine.busy.seconds - busy) / wall,
+            "decode_tokens": (decoded := sum(engine.stats.decode_batch_sizes) - decodes),
+            "prefill_tokens": engine.stats.computed_tokens - computed - decoded,
             "seconds": total, "host_seconds": total - phases["wait"],
             **{f"{phase}_ms_per_step": 1e3 * phases[phase] / max(steps, 1) for phase in PHASES},
         }
@@ -128,7 +134,7 @@ def measure(bench: HostBench, models: tuple[LoadedModel, LoadedModel], problems:
         "problems_per_min": 60 * len(results) / wall,
         "ceiling_problems_per_min": 60 * len(results) / ceiling if ceiling else 0.0,
         "device_seconds": ceiling, "device_busy_fraction": ceiling / wall,
-        "runtime_steps": stepping.calls,
+        "runtime_steps": stepping.calls // 3,
         "runtime_other_seconds": stepping.seconds - in_engines,
         "search_driver_seconds": driver, "grading_seconds": grading.seconds,
         "engines": engines,

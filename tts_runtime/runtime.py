@@ -290,17 +290,20 @@ class Runtime:
         """One step of the engines the phase policy picks among those that have work (and,
         under elastic, the memory to run): each steps in turn, or, overlapped, both launch and
         the first result to arrive is completed. Resolves finished futures."""
-        return self.finish_step(self.begin_step())
+        return self.finish_step(self.begin_step(self.choose_step()))
 
-    def begin_step(self) -> list[str]:
-        """Choose the engines of this step; with hide_driver, launch their forwards now (the
-        engines' `step` then only collects)."""
+    def choose_step(self) -> list[str]:
+        """The engines of this step."""
         runnable = {name for name, engine in self.engines.items() if engine.has_unfinished_requests()}
         if self.elastic is not None and runnable:
             runnable = self.elastic.rebalance(self._pressures(), self.num_steps, self._yielders())
             if not runnable:
                 raise RuntimeError("elastic memory left no engine able to step")
-        chosen = self.phases.choose(runnable, self.engines)
+        return self.phases.choose(runnable, self.engines)
+
+    def begin_step(self, chosen: list[str]) -> list[str]:
+        """With hide_driver, launch the chosen engines' forwards now (their `step` then only
+        collects)."""
         if self.overlap is None:
             for name in chosen:
                 self._note_forward(name)
@@ -365,7 +368,11 @@ class Runtime:
         """Step the engines whenever every coroutine is waiting on them, until `until` is done."""
         while not until.done():
             if self.cohost.hide_driver and self.busy:
-                chosen = self.begin_step()
+                chosen = self.choose_step()
+                if PRM in chosen:  # a PRM forward waits for every score request: it is few and wide
+                    for _ in range(3):
+                        await asyncio.sleep(0)
+                self.begin_step(chosen)
                 for _ in range(3):  # the woken searches run while the forwards do
                     await asyncio.sleep(0)
                 self.finish_step(chosen)

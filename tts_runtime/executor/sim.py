@@ -8,13 +8,16 @@ at max(now, the previous forward's finish) + its cost, on one device shared by e
 the process (the co-hosted pair shares its GPU). A device thread sleeps until each finish time
 and resolves the future then: waiting holds neither the GIL nor a core. The generator's
 tokens are drawn by the executor (`samples = True`) from a token source; the PRM's score
-logits from a seeded normal draw.
+logits from a normal draw seeded by what is scored (below), so that a search's scores, like its
+tokens, do not depend on what else shares a batch and two runs of one search do the same work.
 """
 
 from __future__ import annotations
 
+import math
 import queue
 import threading
+from bisect import bisect_right
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
@@ -26,7 +29,7 @@ import torch
 from tts_runtime.executor.batch import ModelInput, ModelOutput, SamplePlan
 from tts_runtime.executor.sim_costs import SimCosts
 from tts_runtime.executor.sim_profile import load_profile
-from tts_runtime.executor.sim_tokens import ProfileTokens, TokenSource
+from tts_runtime.executor.sim_tokens import ProfileTokens, TokenSource, mix_uniform
 
 SIM = "sim"
 
@@ -104,7 +107,7 @@ class SimExecutor:
         self.device = device
         self.costs = costs
         self.tokens = tokens
-        self._scores = torch.Generator().manual_seed(seed)
+        self.seed = seed
 
     def can_launch(self) -> bool:
         return True
@@ -114,11 +117,33 @@ class SimExecutor:
 
     def _output(self, batch: ModelInput, plan: SamplePlan | None) -> ModelOutput:
         tokens = [self.tokens.next_token(row) for row in plan.rows] if plan is not None else []
-        scores = [torch.randn(len(rows), len(columns), generator=self._scores) for rows, columns in batch.score_rows]
+        scores = self._score_logits(batch) if batch.score_rows else []
         return ModelOutput(torch.empty(0), scores, tokens)
+
+    def _score_logits(self, batch: ModelInput) -> list[torch.Tensor]:
+        """Per scored row, normal logits seeded by its position and its tokens from the start of
+        its KV block (never prefix-cached: only full blocks are) or of its chunk, if later."""
+        ids, positions, meta = batch.input_ids.tolist(), batch.positions.tolist(), batch.meta
+        starts = meta.prefill_query_starts
+        groups = []
+        for rows, columns in batch.score_rows:
+            values = []
+            for row in rows.tolist():
+                chunk = row if row < meta.num_decodes else starts[bisect_right(starts, row) - 1]
+                first = max(chunk, row - positions[row] % meta.block_size)
+                seed = hash((tuple(ids[first:row + 1]), positions[row], self.seed))
+                values.append([_normal(seed, column) for column in range(len(columns))])
+            groups.append(torch.tensor(values, dtype=torch.float32))
+        return groups
 
     def shutdown(self) -> None:
         pass  # the device thread is shared and a daemon: it outlives any one engine
+
+
+def _normal(seed: int, index: int) -> float:
+    """A standard normal number from (seed, index) (Box-Muller on two seeded uniforms)."""
+    u = 1.0 - mix_uniform(seed, index, 4)  # in (0, 1]: log is finite
+    return math.sqrt(-2.0 * math.log(u)) * math.cos(2.0 * math.pi * mix_uniform(seed, index, 5))
 
 
 def build_sim_executor(device: str, seed: int = 0, tokens: TokenSource | None = None) -> SimExecutor:

@@ -20,7 +20,7 @@ class TokenSource(Protocol):
     def next_token(self, row: SamplingRow) -> int: ...
 
 
-def _uniform(seed: int, position: int, salt: int) -> float:
+def mix_uniform(seed: int, position: int, salt: int) -> float:
     """A number in [0, 1) from (seed, position, salt): splitmix64, cheap enough for every token."""
     z = (seed * 0x9E3779B97F4A7C15 + position * 0xBF58476D1CE4E5B9 + salt) & _MASK64
     z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
@@ -49,12 +49,12 @@ class ProfileTokens:
             seed = self._unseeded
         seed ^= self.seed
         position = len(row.token_ids)
-        ends = _uniform(seed, position, 1) < (self._step_end[k] if k < len(self._step_end) else 1.0)
+        ends = mix_uniform(seed, position, 1) < (self._step_end[k] if k < len(self._step_end) else 1.0)
         if ends:
             j = self._step_index(row.token_ids)
             eos = self._eos[j] if j < len(self._eos) else 1.0
-            return self.profile.eos_token_id if _uniform(seed, position, 2) < eos else self.profile.separator_token_id
-        return self._ordinary[int(_uniform(seed, position, 3) * len(self._ordinary))]
+            return self.profile.eos_token_id if mix_uniform(seed, position, 2) < eos else self.profile.separator_token_id
+        return self._ordinary[int(mix_uniform(seed, position, 3) * len(self._ordinary))]
 
     def _step_index(self, token_ids: list[int]) -> int:
         """Steps already in the prompt: delimiters after the last chat-turn token (once per
