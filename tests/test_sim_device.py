@@ -151,3 +151,15 @@ def test_hidden_driver_and_overlap_are_exclusive():
 
     with pytest.raises(ConfigError, match="--hide-driver"):
         CohostConfig(hide_driver=True, overlap=True)
+
+
+def test_sim_file_reads_a_bench_fit(tmp_path):
+    from tts_runtime.executor.sim import sim_costs_for
+
+    report = {"summary": {"alternate_forward_costs": {
+        "generator": {"fixed_seconds": 0.002, "seconds_per_decode": 1e-5, "seconds_per_prefill_token": 0.0},
+        "prm": {"fixed_seconds": 0.01, "seconds_per_decode": 0.0, "seconds_per_prefill_token": 2e-6}}}}
+    path = tmp_path / "fit.json"
+    path.write_text(json.dumps(report))
+    costs = sim_costs_for(f"sim:{path}")
+    assert costs.generator == SimCost(0.002, 1e-5, 0.0) and costs.prm == SimCost(0.01, 0.0, 2e-6)

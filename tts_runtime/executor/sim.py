@@ -59,7 +59,6 @@ class SimDevice:
         self._lock = threading.Lock()
         self._free_at = 0.0
         self.busy_seconds = 0.0  # the sum of the forwards' costs: the run's device-time ceiling
-        self.forwards = 0
         self._thread = threading.Thread(target=self._run, name="sim-device", daemon=True)
         self._thread.start()
 
@@ -68,7 +67,6 @@ class SimDevice:
         with self._lock:
             self._free_at = max(time.perf_counter(), self._free_at) + cost
             self.busy_seconds += cost
-            self.forwards += 1
             self._queue.put(_Forward(self._free_at, future, compute))
         return future
 
