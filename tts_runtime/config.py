@@ -142,8 +142,15 @@ class CohostConfig:
     generator_low_water: int = 0
     generator_buffer_seqs: int = 256
     overlap: bool = False
+    # Launch each step's forwards before the searches woken by the last step run, so their
+    # host work (search logic, score cache, grading) hides behind the device; their new
+    # requests join the step after (docs/benchmarks/host.md).
+    hide_driver: bool = False
 
     def __post_init__(self) -> None:
+        if self.hide_driver and self.overlap:
+            raise ConfigError("--hide-driver launches and collects each engine in the driver's loop; "
+                              "--overlap steps them in workers: use one of the two")
         if self.phase_policy not in PHASE_POLICIES:
             raise ConfigError(f"unknown phase policy '{self.phase_policy}'; choose "
                               f"{', '.join(PHASE_POLICIES[:-1])} or {PHASE_POLICIES[-1]}")
@@ -164,7 +171,7 @@ class EngineConfig:
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     # Runtime level: how the co-hosted pair is stepped (an engine alone ignores it).
     cohost: CohostConfig = field(default_factory=CohostConfig)
-    device: str = "auto"  # "auto", "cpu", "cuda", "cuda:1", ...
+    device: str = "auto"  # "auto", "cpu", "cuda", "cuda:1", ..., "sim", "sim:COSTS.json"
     attention_backend: str = "auto"  # "auto" (triton on CUDA, else cpu), "cpu", "torch", "triton"
     seed: int = 0
     # Torch backend: run decodes in groups of similar context length rather than padding
@@ -210,12 +217,14 @@ class EngineConfig:
 def resolve_device(device: str) -> torch.device:
     if device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if device == "sim" or device.startswith("sim:"):  # a simulated device: the host side is the CPU's
+        return torch.device("cpu")
     try:
         dev = torch.device(device)
     except RuntimeError:
-        raise ConfigError(f"unknown device '{device}'; choose auto, cpu or cuda (cuda:N for GPU N)") from None
+        raise ConfigError(f"unknown device '{device}'; choose auto, cpu, cuda (cuda:N for GPU N) or sim") from None
     if dev.type not in ("cpu", "cuda"):
-        raise ConfigError(f"device '{device}' is not supported; choose auto, cpu or cuda (cuda:N for GPU N)")
+        raise ConfigError(f"device '{device}' is not supported; choose auto, cpu, cuda (cuda:N for GPU N) or sim")
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise ConfigError(f"device '{device}' requested but CUDA is not available; use --device cpu")
     return dev

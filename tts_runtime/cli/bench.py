@@ -241,6 +241,19 @@ def bench_gpu_command(
     typer.echo(run_gpu_bench(config, shlex.join(["tts", *sys.argv[1:]])))
 
 
+@command(bench_app, "host")
+def bench_host_command(
+    limits: Annotated[str, typer.Option(help="Comma-separated MATH-500 problem counts.")] = "20,100",
+    problem_batches: Annotated[str, typer.Option(help="Comma-separated problem batches.")] = "16,64",
+    device: Annotated[str, typer.Option(help="sim or sim:COSTS.json.")] = "sim",
+) -> None:
+    """Host time of the main job on a simulated H100 (writes host.json/md); evals/bench_host.py."""
+    from evals.bench_host import main as bench_host_main
+
+    bench_host_main(["--limits", *limits.split(","), "--problem-batches", *problem_batches.split(","),
+                     "--device", device])
+
+
 @command(bench_app, "pipeline")
 def bench_pipeline_command(
     num_prompts: Annotated[int, typer.Option(help="Generate workload: prompts.")] = 32,

@@ -109,8 +109,8 @@ def check_backend(backend: str, memory_policy: str) -> None:
 
 def check_cohost(backend: str, memory_policy: str, cohost: CohostConfig) -> None:
     """One-line errors for co-hosting settings that cannot run together."""
-    if backend == "vllm" and (cohost.overlap or cohost.phase_policy == "batched"):
-        raise ConfigError("--overlap and --phase-policy batched drive our engine's launch and collect "
+    if backend == "vllm" and (cohost.overlap or cohost.phase_policy == "batched" or cohost.hide_driver):
+        raise ConfigError("--overlap, --hide-driver and --phase-policy batched drive our engine's launch and collect "
                           "halves; vLLM engines step whole: use them with --backend native")
     if cohost.overlap and memory_policy == "elastic":
         raise ConfigError("--overlap runs each engine's forward in a worker of its own, but the elastic "
@@ -290,18 +290,35 @@ class Runtime:
         """One step of the engines the phase policy picks among those that have work (and,
         under elastic, the memory to run): each steps in turn, or, overlapped, both launch and
         the first result to arrive is completed. Resolves finished futures."""
+        return self.finish_step(self.begin_step(self.choose_step()))
+
+    def choose_step(self) -> list[str]:
+        """The engines of this step."""
         runnable = {name for name, engine in self.engines.items() if engine.has_unfinished_requests()}
         if self.elastic is not None and runnable:
             runnable = self.elastic.rebalance(self._pressures(), self.num_steps, self._yielders())
             if not runnable:
                 raise RuntimeError("elastic memory left no engine able to step")
-        chosen = self.phases.choose(runnable, self.engines)
+        return self.phases.choose(runnable, self.engines)
+
+    def begin_step(self, chosen: list[str]) -> list[str]:
+        """With hide_driver, launch the chosen engines' forwards now (their `step` then only
+        collects)."""
+        if self.overlap is None:
+            for name in chosen:
+                self._note_forward(name)
+                if self.cohost.hide_driver:
+                    self.engines[name].launch()
+        return chosen
+
+    def finish_step(self, chosen: list[str]) -> int:
+        """Complete the chosen engines' forwards; resolves finished futures."""
         if self.overlap is not None:
             for group in self.workers:  # a dead worker ends the run now, not when its engine is next due
                 group.check()
             stepped = self.overlap.step(chosen)
         else:
-            stepped = [(name, self._step_engine(name)) for name in chosen]
+            stepped = [(name, self.engines[name].step()) for name in chosen]
         resolved = 0
         for name, outputs in stepped:
             kind = "g" if name == GENERATOR else "p"
@@ -315,10 +332,6 @@ class Runtime:
             counts = self.engines[name].block_counts()
             tracker.record_step(self.num_steps, counts.in_use, counts.cached_free, counts.free - counts.cached_free)
         return resolved
-
-    def _step_engine(self, name: str) -> list[RequestOutput]:
-        self._note_forward(name)
-        return self.engines[name].step()
 
     def _note_forward(self, name: str) -> None:
         """A phase transition is a forward of the other engine than the last one."""
@@ -354,6 +367,16 @@ class Runtime:
     async def drive(self, until: asyncio.Future | asyncio.Task) -> None:
         """Step the engines whenever every coroutine is waiting on them, until `until` is done."""
         while not until.done():
+            if self.cohost.hide_driver and self.busy:
+                chosen = self.choose_step()
+                if PRM in chosen:  # a PRM forward waits for every score request: it is few and wide
+                    for _ in range(3):
+                        await asyncio.sleep(0)
+                self.begin_step(chosen)
+                for _ in range(3):  # the woken searches run while the forwards do
+                    await asyncio.sleep(0)
+                self.finish_step(chosen)
+                continue
             # Let every woken coroutine enqueue its next requests before the next step.
             for _ in range(3):
                 await asyncio.sleep(0)

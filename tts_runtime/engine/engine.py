@@ -18,6 +18,7 @@ from tts_runtime.engine.busy import BusyClock
 from tts_runtime.engine.detokenizer import IncrementalDetokenizer
 from tts_runtime.engine.events import BlockEventListener
 from tts_runtime.engine.forward_costs import ForwardCostSums
+from tts_runtime.engine.host_times import HostTimes
 from tts_runtime.engine.request import CompletionOutput, RequestOutput, SamplingParams, ScoreParams
 from tts_runtime.engine.scheduler import Scheduler
 from tts_runtime.engine.sequence import RequestGroup, Sequence, SequenceStatus
@@ -132,6 +133,7 @@ class Engine(BlockingCalls):
         self.stats = EngineStats()
         # Time with a forward of this engine in flight (launch to result), for busy fractions.
         self.busy = BusyClock()
+        self.host_times = HostTimes()  # host seconds per phase of a step
         self._groups: dict[str, RequestGroup] = {}
         self._aborted: list[RequestGroup] = []  # aborted, some sequence still in a microbatch
         self._seq_ids = itertools.count()
@@ -307,7 +309,9 @@ class Engine(BlockingCalls):
         launched = 0
         while (limit is None or launched < limit) and len(self._in_flight) < self.executor.depth \
                 and self.executor.can_launch():
+            started = time.perf_counter()
             batch = self.scheduler.schedule(self._microbatches)
+            started = self.host_times.add("schedule", started)
             if self.host_kv is not None:  # even with nothing to run: no copy waits across steps
                 self.host_kv.before_forward()
             if batch.empty:
@@ -317,6 +321,7 @@ class Engine(BlockingCalls):
             plan = self._sample_plan(layout.sample_seqs)
             for seq, _ in layout.chunks:
                 seq.in_flight = True
+            started = self.host_times.add("build_inputs", started)
             self.busy.start()
             launched_at = time.perf_counter()
             future = self.executor.submit(model_input, plan if self.executor.samples else None)
@@ -337,18 +342,22 @@ class Engine(BlockingCalls):
             self.stats.batch_seqs.append(len(batch.decodes) + len(batch.prefills))
             if batch.decodes:
                 self.stats.decode_batch_sizes.append(len(batch.decodes))
+            self.host_times.add("launch", started)
         return launched
 
     def collect(self) -> list[RequestOutput]:
         """Wait for the oldest microbatch in flight and process its results."""
         microbatch = self._in_flight.popleft()
+        started = time.perf_counter()
         output = microbatch.future.result()
+        started = self.host_times.add("wait", started)
         self.stats.forward_costs = self.stats.forward_costs.add(
             microbatch.decodes, microbatch.prefill_tokens, microbatch.finished_at - microbatch.launched_at)
         for seq, _ in microbatch.layout.chunks:
             seq.in_flight = False
         finished = self._process(microbatch.layout, output, microbatch.plan)
         self._stop_aborted()
+        self.host_times.add("process", started)
         return finished
 
     def _sample_plan(self, seqs: list[Sequence]) -> SamplePlan:
@@ -446,7 +455,9 @@ class Engine(BlockingCalls):
         elif token in params.stop_token_ids:
             reason = "stop"
         elif seq.detokenizer is not None:
+            started = time.perf_counter()
             seq.detokenizer.append(token)
+            self.host_times.add("detokenize", started)
             if self._hit_stop_string(seq, params):
                 reason = "stop"
         if reason is None and (num_output >= params.max_tokens or seq.num_tokens >= self.max_model_len):

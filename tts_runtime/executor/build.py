@@ -11,6 +11,7 @@ from tts_runtime.executor.attention import AttentionBackend, select_backend
 from tts_runtime.executor.batch import ModelInput, ModelOutput, SamplePlan
 from tts_runtime.executor.cuda_graphs import CudaGraphRunner
 from tts_runtime.executor.kv_cache import KVAllocation, KVCaches, allocate_kv_cache
+from tts_runtime.executor.sim import build_sim_executor, is_sim_device
 from tts_runtime.executor.layer_ops import layer_ops
 from tts_runtime.executor.local import LocalExecutor
 from tts_runtime.executor.pipeline.pipeline import PipelineGroup, StageModel
@@ -59,6 +60,8 @@ def build_executor(loaded: LoadedModel, config: EngineConfig, num_blocks: int,
                    kv: KVAllocation | None = None) -> Executor:
     """An engine's own device side: local at pp 1, else a pipeline of stage processes
     serving this one model (a runtime builds one pipeline for both of its models)."""
+    if is_sim_device(config.device):
+        return build_sim_executor(config.device, config.seed)
     if config.parallel.pp_size == 1:
         return build_local_executor(loaded, config, num_blocks, kv)
     if kv is not None:

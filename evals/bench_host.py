@@ -1,0 +1,246 @@
+"""Host benchmark: how much of the main job the host (not the device) takes, on the simulated
+H100 (`--device sim`, executor/sim.py).
+
+Beam search with search-and-learn's settings (search/config.py: n=4, M=4, 40 iterations,
+2048-token steps) on the first K MATH-500 problems at problem batch B, the H100 run's memory
+plan (85.5 GB, static, PRM 0.3) and phase policy (batched). Reports per configuration:
+problems/min; the ceiling (every forward back to back: the sum of the simulated forwards'
+costs); the device's and each engine's busy fraction; host milliseconds per engine step by
+phase (engine/host_times.py); and outside the engines, the runtime's own stepping, the search
+driver (asyncio, search logic, score cache, results) and grading. Writes host.json and host.md.
+
+    python -m evals.bench_host --limits 20 100 --problem-batches 16 64
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+import time
+from collections.abc import Callable, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Any
+
+import search.driver
+from evals.bench import SideBySide, write_report
+from memory.split import MemoryConfig
+from search.config import SearchConfig
+from search.driver import run_search
+from search.problem import Problem
+from tts_runtime.cohost.runtime import Runtime
+from tts_runtime.config import CohostConfig, EngineConfig, resolve_device, resolve_dtype
+from tts_runtime.engine.host_times import PHASES
+from tts_runtime.executor.sim import shared_device
+from tts_runtime.models.loader import LoadedModel, load_model
+from tts_runtime.runs.datasets import load_problems
+
+# The H100 run's plan (docs/benchmarks/cohost_gpu.md): its measured budget, static split.
+H100_BUDGET = 85_520_809_984
+
+
+@dataclass
+class HostBench:
+    limits: Sequence[int] = (20, 100)
+    problem_batches: Sequence[int] = (16, 64)
+    device: str = "sim"
+    generator: str = "smollm2-135m-instruct"
+    prm: str = "gemma3-270m"
+    config: SearchConfig = field(default_factory=SearchConfig)
+    memory: MemoryConfig = field(default_factory=lambda: MemoryConfig(device_memory=H100_BUDGET,
+                                                                      prm_fraction=0.3, policy="static"))
+    phase_policy: str = "batched"
+    # Variants run side by side, alternating, `rounds` times: the driver hidden behind the
+    # forwards (CohostConfig.hide_driver) off and/or on.
+    hide_driver: Sequence[bool] = (False,)
+    rounds: int = 1
+    dataset_path: str | None = None
+    stem: str = "host"
+
+
+class _Timed:
+    """Seconds spent inside a callable, counted by a wrapper around it."""
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+        self.calls = 0
+
+    def wrap(self, fn: Callable) -> Callable:
+        def timed(*args, **kwargs):
+            start = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self.seconds += time.perf_counter() - start
+                self.calls += 1
+        return timed
+
+
+@contextmanager
+def _timed_grading(timer: _Timed):
+    """Grading is `summarize` (answer extraction, votes, grades) at each problem's end."""
+    original = search.driver.summarize
+    search.driver.summarize = timer.wrap(original)
+    try:
+        yield
+    finally:
+        search.driver.summarize = original
+
+
+def measure(bench: HostBench, models: tuple[LoadedModel, LoadedModel], problems: Sequence[Problem],
+            problem_batch: int, hide_driver: bool) -> dict[str, Any]:
+    """One run on a fresh runtime (a cold prefix cache, as in a real run)."""
+    cohost = CohostConfig(phase_policy=bench.phase_policy, hide_driver=hide_driver)
+    engine_config = EngineConfig(device=bench.device, cohost=cohost)
+    runtime = Runtime(*models, memory=bench.memory, engine_config=engine_config)
+    config = SearchConfig(**{**bench.config.to_dict(), "problem_batch": problem_batch})
+    device = shared_device(bench.device)
+    stepping, grading = _Timed(), _Timed()
+    # The parts of a runtime step (hide_driver calls them apart, `step` calls them all).
+    runtime.choose_step = stepping.wrap(runtime.choose_step)
+    runtime.begin_step = stepping.wrap(runtime.begin_step)
+    runtime.finish_step = stepping.wrap(runtime.finish_step)
+    before = {name: (engine.host_times.copy(), engine.busy.seconds, engine.stats.steps,
+                     engine.stats.computed_tokens, sum(engine.stats.decode_batch_sizes))
+              for name, engine in runtime.engines.items()}
+    device_before = device.busy_seconds
+    try:
+        with _timed_grading(grading):
+            start = time.perf_counter()
+            results = run_search(runtime, problems, config)
+            wall = time.perf_counter() - start
+    finally:
+        runtime.shutdown()
+    ceiling = device.busy_seconds - device_before
+    engines, in_engines = {}, 0.0
+    for name, engine in runtime.engines.items():
+        times, busy, steps, computed, decodes = before[name]
+        phases = (engine.host_times - times).seconds
+        steps = engine.stats.steps - steps
+        total = sum(v for k, v in phases.items() if k != "detokenize")
+        in_engines += total
+        engines[name] = {
+            "steps": steps, "busy_fraction": (engine.busy.seconds - busy) / wall,
+            "decode_tokens": (decoded := sum(engine.stats.decode_batch_sizes) - decodes),
+            "prefill_tokens": engine.stats.computed_tokens - computed - decoded,
+            "seconds": total, "host_seconds": total - phases["wait"],
+            **{f"{phase}_ms_per_step": 1e3 * phases[phase] / max(steps, 1) for phase in PHASES},
+        }
+    driver = wall - stepping.seconds - grading.seconds
+    return {
+        "problems": len(results), "problem_batch": problem_batch, "hide_driver": hide_driver, "seconds": wall,
+        "problems_per_min": 60 * len(results) / wall,
+        "ceiling_problems_per_min": 60 * len(results) / ceiling if ceiling else 0.0,
+        "device_seconds": ceiling, "device_busy_fraction": ceiling / wall,
+        "runtime_steps": stepping.calls // 3,
+        "runtime_other_seconds": stepping.seconds - in_engines,
+        "search_driver_seconds": driver, "grading_seconds": grading.seconds,
+        "engines": engines,
+    }
+
+
+def _row(m: dict[str, Any]) -> dict[str, Any]:
+    gen, prm = m["engines"]["generator"], m["engines"]["prm"]
+    wall = m["seconds"]
+    host = gen["host_seconds"] + prm["host_seconds"] + m["runtime_other_seconds"] + m["search_driver_seconds"] \
+        + m["grading_seconds"]
+    return {
+        "problems": m["problems"], "batch": m["problem_batch"], "hide driver": m["hide_driver"],
+        "problems/min": m["problems_per_min"],
+        "ceiling/min": m["ceiling_problems_per_min"], "device busy": m["device_busy_fraction"],
+        "gen busy": gen["busy_fraction"], "PRM busy": prm["busy_fraction"],
+        "host share": host / wall,
+        "gen host ms/step": (gen["host_seconds"]) * 1e3 / max(gen["steps"], 1),
+        "PRM host ms/step": (prm["host_seconds"]) * 1e3 / max(prm["steps"], 1),
+        "driver s": m["search_driver_seconds"], "grading s": m["grading_seconds"],
+        "runtime s": m["runtime_other_seconds"],
+    }
+
+
+def _phase_rows(m: dict[str, Any]) -> list[dict[str, Any]]:
+    return [{"problems": m["problems"], "batch": m["problem_batch"], "hide driver": m["hide_driver"], "engine": name,
+             "steps": e["steps"],
+             **{f"{p} ms": e[f"{p}_ms_per_step"] for p in PHASES}} for name, e in m["engines"].items()]
+
+
+def _logged(log: Callable[[str], None], measure_one: Callable[[], dict]) -> Callable[[], dict]:
+    def run() -> dict:
+        m = measure_one()
+        log(f"{m['problems']} problems, batch {m['problem_batch']}, hide_driver {m['hide_driver']}: "
+            f"{m['problems_per_min']:.1f} problems/min, ceiling {m['ceiling_problems_per_min']:.1f}, "
+            f"device busy {m['device_busy_fraction']:.0%}")
+        return m
+    return run
+
+
+def bench_host(bench: HostBench, command: str, log: Callable[[str], None] = print) -> dict:
+    device = resolve_device(bench.device)
+    log(f"loading {bench.generator} + {bench.prm} ...")
+    models = tuple(load_model(name, resolve_dtype("auto", device), device) for name in (bench.generator, bench.prm))
+    measured, medians = [], []
+    for limit in bench.limits:
+        problems = load_problems("math500", dataset_path=bench.dataset_path, limit=limit)
+        for batch in bench.problem_batches:
+            side = SideBySide(f"{limit}x{batch}")
+            variants = {f"hide_driver={hide}": _logged(log, partial(measure, bench, models, problems, batch, hide))
+                        for hide in bench.hide_driver}
+            side.run(variants, bench.rounds)
+            measured += [m for runs in side.runs.values() for m in runs]
+            medians.append({"problems": limit, "problem_batch": batch,
+                            **{label: side.median(label, "problems_per_min") for label in side.runs}})
+    table = [_row(m) for m in measured]
+    notes = [
+        "Simulated H100 (`--device sim`): forwards run no math and take the H100 run's fitted cost "
+        "(tts_runtime/executor/sim_costs.py), tokens are drawn from the demo run's step-length and EOS "
+        "profile (tts_runtime/executor/sim_profile.json). Everything else runs for real on this CPU.",
+        "ceiling = problems over the sum of the simulated forwards' costs (every forward back to back); "
+        "device busy = that sum over the wall time.",
+        "host ms/step = schedule + build inputs + launch + output processing (detokenize included) per "
+        "engine step, i.e. the step's time less its wait for the device; the second table splits it.",
+        "driver = wall time outside the runtime's steps and grading: the search coroutines, score cache, "
+        "asyncio; runtime = the runtime's step less its engines' steps (phase choice, futures, block "
+        "timelines).",
+        "The host is this shared 2-core CPU, slower than an H100 server's host: host shares here are "
+        "upper bounds for that machine.",
+    ]
+    summary = {"device": bench.device, "search": bench.config.to_dict(), "median_problems_per_min": medians,
+               "runs": measured}
+    path = write_report(bench.stem, "Host time of the main job on a simulated H100", command, summary, table, notes)
+    phases = [row for m in measured for row in _phase_rows(m)]
+    with path.open("a") as md:
+        md.write("\nMilliseconds per engine step by phase (wait: blocked on the device):\n\n"
+                 + _markdown_table(phases))
+    return {"runs": measured}
+
+
+def _markdown_table(rows: list[dict[str, Any]]) -> str:
+    keys = list(rows[0])
+    lines = ["| " + " | ".join(keys) + " |", "|" + "---|" * len(keys)]
+    lines += ["| " + " | ".join(f"{row[k]:.3g}" if isinstance(row[k], float) else str(row[k]) for k in keys) + " |"
+              for row in rows]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--limits", type=int, nargs="+", default=[20, 100])
+    parser.add_argument("--problem-batches", type=int, nargs="+", default=[16, 64])
+    parser.add_argument("--device", default="sim", help="sim or sim:COSTS.json")
+    parser.add_argument("--phase-policy", default="batched")
+    parser.add_argument("--hide-driver", choices=("off", "on", "both"), default="off",
+                        help="both: off and on side by side, alternating")
+    parser.add_argument("--rounds", type=int, default=1, help="alternating rounds; medians")
+    parser.add_argument("--dataset-path", default=None)
+    parser.add_argument("--stem", default="host", help="docs/benchmarks/<stem>.json/md")
+    args = parser.parse_args(argv)
+    bench = HostBench(limits=args.limits, problem_batches=args.problem_batches, device=args.device,
+                      phase_policy=args.phase_policy, rounds=args.rounds,
+                      hide_driver={"off": (False,), "on": (True,), "both": (False, True)}[args.hide_driver],
+                      dataset_path=args.dataset_path, stem=args.stem)
+    bench_host(bench, shlex.join(["python", "-m", "evals.bench_host", *(argv or sys.argv[1:])]))
+
+
+if __name__ == "__main__":
+    main()
