@@ -262,8 +262,8 @@ def _beam_batch(shape: LayerShape, prompt: int, suffixes: list[int], groups: int
 def bench_attention(repeats: int) -> tuple[list[dict], dict]:
     """One layer's attention at beam search's shapes, the three CPU paths alternating; the
     kernel takes bf16 dot products unless a row turns them off."""
-    from tts_runtime.executor.attention import TorchAttention
-    from tts_runtime.executor.cpu_attention import CpuPagedAttention, load_kernel
+    from tts_runtime.executor.attention.attention import TorchAttention
+    from tts_runtime.executor.cpu.cpu_attention import CpuPagedAttention, load_kernel
 
     smollm, gemma = LayerShape("SmolLM2-135M layer", 9, 3, 64), LayerShape("Gemma-3-270M global layer", 4, 1, 256)
     smollm_bf16 = LayerShape("SmolLM2-135M layer", 9, 3, 64, torch.bfloat16)

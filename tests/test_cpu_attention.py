@@ -1,4 +1,4 @@
-"""The CPU paged-attention kernel (executor/cpu_attention.py) against the torch backend.
+"""The CPU paged-attention kernel (executor/cpu/cpu_attention.py) against the torch backend.
 
 Kernel cases are random paged batches whose block tables share leading blocks the way
 forks and beams do; error = max |kernel - torch| / max |torch| (fp32 1e-5, bf16 2e-2).
@@ -13,11 +13,11 @@ import pytest
 import torch
 
 from tts_runtime import CacheConfig, ConfigError, Engine, EngineConfig, SamplingParams, SchedulerConfig, ScoreParams
-from tts_runtime.executor.attention import TorchAttention, select_backend
+from tts_runtime.executor.attention.backends import TorchAttention, select_backend
 from attention_cases import CASES, Case, build
-from tts_runtime.executor.attention_plan import batch_sequences, prefix_tree
-from tts_runtime.executor.cpu_attention import CpuPagedAttention, load_kernel
-from tts_runtime.executor.cpu_extensions import KernelUnavailable
+from tts_runtime.executor.attention.attention_plan import batch_sequences, prefix_tree
+from tts_runtime.executor.cpu.cpu_attention import CpuPagedAttention, load_kernel
+from tts_runtime.executor.cpu.cpu_extensions import KernelUnavailable
 
 REL_TOL = {torch.float32: 1e-5, torch.bfloat16: 2e-2}
 

@@ -1,4 +1,4 @@
-"""The C++ layer ops (executor/cpu_layer_ops.py) against torch's eager ops, on the arguments
+"""The C++ layer ops (executor/cpu/cpu_layer_ops.py) against torch's eager ops, on the arguments
 the real demo models pass them while generating for a real MATH-500 problem."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from tts_runtime import Engine, EngineConfig, SamplingParams
-from tts_runtime.executor.cpu_extensions import KernelUnavailable
-from tts_runtime.executor.cpu_layer_ops import cpu_layer_ops, load_layer_ops_kernel
+from tts_runtime.executor.cpu.cpu_extensions import KernelUnavailable
+from tts_runtime.executor.cpu.cpu_layer_ops import cpu_layer_ops, load_layer_ops_kernel
 from tts_runtime.executor.layer_ops import layer_ops
 from tts_runtime.models import layers
 

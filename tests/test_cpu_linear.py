@@ -1,4 +1,4 @@
-"""tts's streamed bf16 projections (`--linear-backend streamed`, executor/cpu_linear.py)
+"""tts's streamed bf16 projections (`--linear-backend streamed`, executor/cpu/cpu_linear.py)
 against F.linear on the real demo models' weights, at the row counts a decode step, a short
 prefill and a long one use, and on shapes whose outputs leave partial groups; whole bf16
 models as close to their fp32 selves as on oneDNN; fallbacks and the memory profile."""
@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from tts_runtime import Engine, EngineConfig, ScoreParams
-from tts_runtime.executor.cpu_extensions import KernelUnavailable
+from tts_runtime.executor.cpu.cpu_extensions import KernelUnavailable
 from tts_runtime.executor.layer_ops import PrepackedLinear, layer_ops, packed_weight_bytes
 from tts_runtime.models.loader import load_model
 
@@ -22,7 +22,7 @@ CPU = torch.device("cpu")
 
 @pytest.fixture(scope="module")
 def kernel():
-    from tts_runtime.executor.cpu_linear import load_linear_kernel
+    from tts_runtime.executor.cpu.cpu_linear import load_linear_kernel
 
     try:
         return load_linear_kernel()
@@ -68,7 +68,7 @@ def test_kernel_handles_partial_groups(kernel, outputs):
 
 
 def test_backend_packs_the_models_own_bf16_weights_once_and_passes_the_rest_on(kernel, bf16_generator):
-    from tts_runtime.executor.cpu_linear import StreamedLinear
+    from tts_runtime.executor.cpu.cpu_linear import StreamedLinear
 
     model = bf16_generator.model
     linear = layer_ops(CPU, EngineConfig(linear_backend="streamed"), [model]).linear
@@ -90,7 +90,7 @@ def test_backend_packs_the_models_own_bf16_weights_once_and_passes_the_rest_on(k
 def test_calls_above_the_row_limit_go_to_onednn(kernel, bf16_generator):
     """On AMX CPUs oneDNN's tiles beat the kernel beyond a few rows: a limited backend packs
     for the small calls and hands the large ones to its fallback unchanged."""
-    from tts_runtime.executor.cpu_linear import AMX_MAX_ROWS, StreamedLinear, row_limit
+    from tts_runtime.executor.cpu.cpu_linear import AMX_MAX_ROWS, StreamedLinear, row_limit
 
     model = bf16_generator.model
     fallback = PrepackedLinear([model])

@@ -176,12 +176,12 @@ class EngineConfig:
     # uses AVX-512 on AMD and Intel alike), "prepacked" (the same on weights reordered once
     # into oneDNN's blocked layout: a packed copy beside the module's, counted in the memory
     # profile), "streamed" (bf16 weights packed once into one sequential stream for tts's
-    # AVX512-BF16 kernel, executor/cpu_linear.py; other weights as prepacked), "torch"
+    # AVX512-BF16 kernel, executor/cpu/cpu_linear.py; other weights as prepacked), "torch"
     # (F.linear: MKL's sgemm for fp32, which takes a slower path on AMD CPUs), "auto" (onednn
     # where torch has it). GPUs use cuBLAS.
     linear_backend: str = "auto"
     # CPU: RMSNorm, rotary embedding and the gated activation as one C++ pass each
-    # (executor/cpu_layer_ops.py), rounding where torch's eager ops round; off: the eager ops,
+    # (executor/cpu/cpu_layer_ops.py), rounding where torch's eager ops round; off: the eager ops,
     # bit-exact with HF.
     cpu_fused_ops: bool = True
     # GPU execution switches, honoured on CUDA only (the CPU has cpu_fused_ops):

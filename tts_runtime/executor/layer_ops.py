@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from tts_runtime.config import ConfigError, EngineConfig
-from tts_runtime.executor.cpu_extensions import KernelUnavailable
+from tts_runtime.executor.cpu.cpu_extensions import KernelUnavailable
 from tts_runtime.models.layers import EAGER_OPS, LayerOps
 
 # The row count oneDNN picks its blocked weight layout for; measured at 1, 16 and 512 rows
@@ -100,7 +100,7 @@ def layer_ops(device: torch.device, config: EngineConfig, models: Sequence[nn.Mo
 def streamed_linear(models: Sequence[nn.Module], fallback: PrepackedLinear):
     """tts's bf16 kernel over `fallback` (on AMX CPUs for the few-row calls only), or `fallback`
     alone (with a warning) where the kernel cannot be built or the CPU lacks AVX512-BF16."""
-    from tts_runtime.executor.cpu_linear import StreamedLinear, load_linear_kernel, row_limit
+    from tts_runtime.executor.cpu.cpu_linear import StreamedLinear, load_linear_kernel, row_limit
 
     try:
         return StreamedLinear(load_linear_kernel(), models, fallback, row_limit())
@@ -112,7 +112,7 @@ def streamed_linear(models: Sequence[nn.Module], fallback: PrepackedLinear):
 @functools.cache
 def cpu_elementwise_ops() -> LayerOps:
     """The C++ layer ops, or the eager ones (with a warning, once) where they cannot be built."""
-    from tts_runtime.executor.cpu_layer_ops import cpu_layer_ops, load_layer_ops_kernel
+    from tts_runtime.executor.cpu.cpu_layer_ops import cpu_layer_ops, load_layer_ops_kernel
 
     try:
         return cpu_layer_ops(load_layer_ops_kernel())

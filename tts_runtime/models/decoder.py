@@ -20,7 +20,7 @@ from tts_runtime.models.layers import (EAGER_OPS, GatedMLP, LayerOps, RMSNorm, i
                                        rotary_cos_sin)
 
 if TYPE_CHECKING:  # the engine sits above the models: type names only, no import cycle
-    from tts_runtime.executor.attention import AttentionBackend
+    from tts_runtime.executor.attention.attention import AttentionBackend
     from tts_runtime.executor.batch import AttentionMetadata
 
 

@@ -1,5 +1,5 @@
 // bf16 projections at the few rows of a decode step, on weights packed once into one
-// sequential stream (tts_runtime/executor/cpu_linear.py).
+// sequential stream (tts_runtime/executor/cpu/cpu_linear.py).
 //
 // At 16 rows a projection is bound by streaming its weight from memory: each weight is
 // used 16 times, and a SmolLM2 layer's 7 MB do not stay in cache between steps. oneDNN's

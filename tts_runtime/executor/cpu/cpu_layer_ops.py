@@ -16,7 +16,7 @@ from types import ModuleType
 
 import torch
 
-from tts_runtime.executor.cpu_extensions import load_extension
+from tts_runtime.executor.cpu.cpu_extensions import load_extension
 from tts_runtime.models import layers
 
 # Activation name -> the kernel's switch.

@@ -19,10 +19,10 @@ from types import ModuleType
 
 import torch
 
-from tts_runtime.executor.attention import AttentionBackend, store_kv
-from tts_runtime.executor.attention_plan import AttentionPlan, build_plan
+from tts_runtime.executor.attention.attention import AttentionBackend, store_kv
+from tts_runtime.executor.attention.attention_plan import AttentionPlan, build_plan
 from tts_runtime.executor.batch import AttentionMetadata
-from tts_runtime.executor.cpu_extensions import load_extension
+from tts_runtime.executor.cpu.cpu_extensions import load_extension
 
 
 # The kernel's vector width in fp32 lanes: head_dim must be a multiple of it, and at most

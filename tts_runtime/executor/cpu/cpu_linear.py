@@ -28,7 +28,7 @@ from types import ModuleType
 import torch
 from torch import nn
 
-from tts_runtime.executor.cpu_extensions import KernelUnavailable, load_extension
+from tts_runtime.executor.cpu.cpu_extensions import KernelUnavailable, load_extension
 
 
 # On AMX CPUs the largest call the kernel still wins (see above).
