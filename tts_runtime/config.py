@@ -6,6 +6,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from tts_runtime import cpu_features
+
 
 class ConfigError(ValueError):
     """A user-facing configuration mistake; the CLI prints it as one line."""
@@ -227,7 +229,7 @@ def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
     twice fp32's rate on half the bytes), fp32 on other CPUs, which run bf16 slower than fp32.
     fp32 stays the parity reference: pass float32 to compare with HF transformers."""
     if dtype == "auto":
-        return torch.bfloat16 if device.type == "cuda" or torch.cpu._is_avx512_bf16_supported() else torch.float32
+        return torch.bfloat16 if device.type == "cuda" or cpu_features.has("avx512_bf16") else torch.float32
     if dtype not in _DTYPES:
         raise ConfigError(f"unknown dtype '{dtype}'; choose one of auto, {', '.join(sorted(_DTYPES))}")
     return _DTYPES[dtype]

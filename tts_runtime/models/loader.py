@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import zlib
-import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,10 +22,7 @@ from tts_runtime.config import ConfigError
 from tts_runtime.models.arch import ArchConfig, arch_from_hf
 from tts_runtime.models.decoder import DecoderModel, ModelPart
 from tts_runtime.models.registry import resolve
-
-
-def cache_root() -> Path:
-    return Path(os.environ.get("TTS_CACHE_DIR", Path.home() / ".cache" / "tts"))
+from tts_runtime.paths import cache_root  # noqa: F401 (also imported from here)
 
 
 def _gguf_cache_dir(gguf: Path) -> Path:

@@ -32,15 +32,15 @@ MAX_HEAD_DIM = 256
 
 
 @functools.cache
-def load_kernel() -> ModuleType:
-    """Builds (first call on a machine, ~1 min) or loads the cached extension; raises
-    KernelUnavailable when it cannot."""
-    return load_extension("tts_paged_attention_cpu", "paged_attention_cpu.cpp")
+def load_kernel(march: str | None = None) -> ModuleType:
+    """Builds (first call on a machine, tens of seconds) or loads the cached extension, for
+    `march` (default: cpu_features.march()); raises KernelUnavailable when it cannot."""
+    return load_extension("tts_paged_attention_cpu", "paged_attention_cpu.cpp", march=march)
 
 
 class CpuPagedAttention:
     """The C++ paged-attention kernel; `cascade` turns shared-prefix attention on, `bf16_dot`
-    the AVX512-BF16 dot products on a bf16 cache (where the build has them). Head sizes the
+    the AVX512-BF16 dot products on a bf16 cache (where the build has them: `bf16_dot_available()`). Head sizes the
     kernel does not take (not a multiple of 16, or over 256) go to `fallback`."""
 
     name = "cpu"
