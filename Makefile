@@ -45,8 +45,17 @@ demo: setup
 	$(VENV)/bin/tts beam --dataset math500 --levels 1 --limit 5 --num-iterations 6 --max-step-tokens 96 \
 		--max-tokens 256 --problem-batch 5 --device-memory 3GiB
 
+# The CPU-kernel tests again as a CPU without AVX-512 sees them (AVX2 + FMA, x86-64-v3: AMD
+# Zen 1-3, Intel before Ice Lake), on any x86-64-v3 CPU: tts's feature checks, torch's kernels
+# and oneDNN all stop at AVX2. About 5 min on 2 cores.
+HAS_AVX2 := $(shell grep -qw avx2 /proc/cpuinfo 2>/dev/null && echo 1)
+AVX2_ENV := TTS_CPU_FEATURES=avx2 ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2
+AVX2_TESTS := tests/test_cpu_build.py tests/test_cpu_layer_ops.py tests/test_cpu_attention.py \
+	tests/test_cpu_linear.py tests/test_linear_backend.py
+
 test: setup setup-vllm
 	$(PY) -m pytest -q tests
+	$(if $(HAS_AVX2),$(AVX2_ENV) $(PY) -m pytest -q $(AVX2_TESTS),@echo "no AVX2: the x86-64-v3 test run is skipped")
 	$(VENV_VLLM)/bin/python -m pytest -q tests/test_vllm_backend.py
 
 bench: setup
