@@ -229,7 +229,10 @@ def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
     twice fp32's rate on half the bytes), fp32 on other CPUs, which run bf16 slower than fp32.
     fp32 stays the parity reference: pass float32 to compare with HF transformers."""
     if dtype == "auto":
-        return torch.bfloat16 if device.type == "cuda" or cpu_features.has("avx512_bf16") else torch.float32
+        try:
+            return torch.bfloat16 if device.type == "cuda" or cpu_features.has("avx512_bf16") else torch.float32
+        except cpu_features.CpuFeaturesError as exc:
+            raise ConfigError(str(exc)) from None
     if dtype not in _DTYPES:
         raise ConfigError(f"unknown dtype '{dtype}'; choose one of auto, {', '.join(sorted(_DTYPES))}")
     return _DTYPES[dtype]
