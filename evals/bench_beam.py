@@ -23,6 +23,7 @@ from dataclasses import dataclass
 import torch
 
 from evals.bench import SideBySide, write_report
+from tts_runtime import cpu_features
 from tts_runtime.config import CacheConfig, EngineConfig
 from tts_runtime.engine.engine import Engine
 from tts_runtime.engine.request import SamplingParams
@@ -262,8 +263,8 @@ def _beam_batch(shape: LayerShape, prompt: int, suffixes: list[int], groups: int
 def bench_attention(repeats: int) -> tuple[list[dict], dict]:
     """One layer's attention at beam search's shapes, the three CPU paths alternating; the
     kernel takes bf16 dot products unless a row turns them off."""
-    from tts_runtime.executor.attention import TorchAttention
-    from tts_runtime.executor.cpu_attention import CpuPagedAttention, load_kernel
+    from tts_runtime.executor.attention.attention import TorchAttention
+    from tts_runtime.executor.cpu.cpu_attention import CpuPagedAttention, load_kernel
 
     smollm, gemma = LayerShape("SmolLM2-135M layer", 9, 3, 64), LayerShape("Gemma-3-270M global layer", 4, 1, 256)
     smollm_bf16 = LayerShape("SmolLM2-135M layer", 9, 3, 64, torch.bfloat16)
@@ -276,6 +277,10 @@ def bench_attention(repeats: int) -> tuple[list[dict], dict]:
          dict(chunk=1500, groups=1, prompt=0, suffixes=[1500])),
     ]
     kernel = load_kernel()
+    # The AVX2 build (-march=x86-64-v3, what a CPU without AVX-512 runs) beside this one's.
+    avx2 = None
+    if cpu_features.has("avx2") and cpu_features.has("fma") and cpu_features.march() != "x86-64-v3":
+        avx2 = load_kernel("x86-64-v3")
     rows, raw = [], {}
     for label, shape, extra in workloads:
         query, k, v, meta = _beam_batch(shape, extra.get("prompt", 1500), extra.get("suffixes", [130, 140, 120, 150]),
@@ -286,6 +291,8 @@ def bench_attention(repeats: int) -> tuple[list[dict], dict]:
         dot = extra.get("bf16_dot", True)
         backends = {"torch": TorchAttention(), "kernel": CpuPagedAttention(kernel, cascade=False, bf16_dot=dot),
                     "cascade": CpuPagedAttention(kernel, cascade=True, bf16_dot=dot)}
+        if avx2 is not None:
+            backends["avx2"] = CpuPagedAttention(avx2, cascade=True, bf16_dot=dot)
         times: dict[str, list[float]] = {name: [] for name in backends}
         calls = 0
         for _ in range(repeats):
@@ -304,12 +311,17 @@ def bench_attention(repeats: int) -> tuple[list[dict], dict]:
                      "torch (gather + SDPA)": f"{med['torch']:.2f} ms",
                      "kernel, cascade off": f"{med['kernel']:.2f} ms ({med['torch'] / med['kernel']:.2f}x)",
                      "kernel, cascade on": f"{med['cascade']:.2f} ms ({med['torch'] / med['cascade']:.2f}x)"})
+        if avx2 is not None:
+            rows[-1]["AVX2 build (x86-64-v3), cascade on"] = (f"{med['avx2']:.2f} ms "
+                                                            f"({med['torch'] / med['avx2']:.2f}x)")
     return rows, raw
 
 
 def run_attention_bench(repeats: int, command: str) -> str:
     rows, raw = bench_attention(repeats)
-    notes = [f"One attention call per backend in turn (torch, kernel, kernel with cascade), {repeats} rounds, "
+    notes = [f"One attention call per backend in turn (torch, kernel, kernel with cascade, and where this CPU "
+             f"has AVX2 the kernel built for -march=x86-64-v3 as a CPU without AVX-512 builds it, cascade on; "
+             f"tts's CPU features here: {cpu_features.describe()}), {repeats} rounds, "
              "medians; the kernel's plan is built before each call and not timed (an engine builds it once per "
              "forward and shares it among the layers).",
              "Random K/V in a shuffled paged pool; the 4 forks of a prompt share its 93 full blocks. Each "

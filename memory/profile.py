@@ -18,8 +18,12 @@ This module measures around a forward it is handed; it builds no model itself.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
+import os
+import re
+import sys
 import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -93,7 +97,7 @@ def _measure_cpu(forward: Callable[[], None]) -> int:
     # The profiler's CPU allocator reporter counts only allocations made while it runs, so
     # its running total is exactly the memory the forward added on top of what existed.
     activities = [torch.profiler.ProfilerActivity.CPU]
-    with torch.profiler.profile(activities=activities, profile_memory=True) as prof:
+    with _without_profiler_chatter(), torch.profiler.profile(activities=activities, profile_memory=True) as prof:
         forward()
     with tempfile.TemporaryDirectory() as tmp:
         trace = Path(tmp) / "trace.json"
@@ -102,6 +106,33 @@ def _measure_cpu(forward: Callable[[], None]) -> int:
     totals = [e["args"]["Total Allocated"] for e in events
               if e.get("name") == "[memory]" and e["args"].get("Device Type") == 0]
     return max(totals, default=0)
+
+
+# Kineto's start and stop lines ("USDT:... SyncActivityProfilerHandler.cpp:52] profiler_start"),
+# which it writes to stderr from C++ whatever KINETO_LOG_LEVEL says.
+_PROFILER_CHATTER = re.compile(r"^(USDT|STAGE):\S+ \S+ \d+:\d+ \w+\.cpp:\d+\] ")
+
+
+@contextlib.contextmanager
+def _without_profiler_chatter():
+    """Runs the block with file descriptor 2 in a temporary file, then writes what it caught
+    back to stderr less the profiler's own start/stop lines: errors and warnings still show."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile(mode="w+b") as caught:
+        os.dup2(caught.fileno(), 2)
+        try:
+            yield
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            caught.seek(0)
+            kept = [line for line in caught.read().decode(errors="replace").splitlines(keepends=True)
+                    if not _PROFILER_CHATTER.match(line)]
+            if kept:
+                sys.stderr.write("".join(kept))
+                sys.stderr.flush()
 
 
 def profile_model(model: str, module: torch.nn.Module, kv_bytes_per_token: int, num_layers: int,

@@ -21,6 +21,7 @@ from typer.testing import CliRunner
 from search.aggregate import aggregate
 from search.grading import majority_pick, weighted_pick
 from search.results import BeamResult, ProblemResult
+from tts_runtime import cpu_features
 from tts_runtime.cli import app
 from tts_runtime.config import ConfigError, resolve_dtype
 from tts_runtime.runs.run_folder import RESULTS_FILE, RunFolder
@@ -187,8 +188,8 @@ def test_cli_end_to_end_on_three_problems(tmp_path, math500_path):
 
 
 def test_auto_dtype_is_bf16_where_the_cpu_has_bf16_dot_products():
-    flags = Path("/proc/cpuinfo").read_text()
-    assert resolve_dtype("auto", torch.device("cpu")) == (torch.bfloat16 if "avx512_bf16" in flags else torch.float32)
+    want = torch.bfloat16 if cpu_features.has("avx512_bf16") else torch.float32
+    assert resolve_dtype("auto", torch.device("cpu")) == want
 
 
 @pytest.mark.slow

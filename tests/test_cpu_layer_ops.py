@@ -1,4 +1,4 @@
-"""The C++ layer ops (executor/cpu_layer_ops.py) against torch's eager ops, on the arguments
+"""The C++ layer ops (executor/cpu/cpu_layer_ops.py) against torch's eager ops, on the arguments
 the real demo models pass them while generating for a real MATH-500 problem."""
 
 from __future__ import annotations
@@ -9,17 +9,21 @@ from dataclasses import replace
 import pytest
 import torch
 
-from tts_runtime import Engine, EngineConfig, SamplingParams
-from tts_runtime.executor.cpu_extensions import KernelUnavailable
-from tts_runtime.executor.cpu_layer_ops import cpu_layer_ops, load_layer_ops_kernel
+from tts_runtime import Engine, EngineConfig, SamplingParams, cpu_features
+from tts_runtime.executor.cpu.cpu_extensions import KernelUnavailable
+from tts_runtime.executor.cpu.cpu_layer_ops import cpu_layer_ops, load_layer_ops_kernel
 from tts_runtime.executor.layer_ops import layer_ops
 from tts_runtime.models import layers
 
 
-@pytest.fixture(scope="module")
-def fused() -> layers.LayerOps:
+@pytest.fixture(scope="module", params=[None, "x86-64-v3"], ids=["default-build", "x86-64-v3-build"])
+def fused(request) -> layers.LayerOps:
+    """The layer ops of this run's build (native, or what TTS_CPU_FEATURES names) and of the
+    AVX2 build (x86-64-v3), which any x86-64-v3 CPU runs, this one included."""
+    if request.param is not None and request.param == cpu_features.march():
+        pytest.skip(f"the default build is already -march={request.param} ({cpu_features.ENV}={cpu_features.level()})")
     try:
-        return cpu_layer_ops(load_layer_ops_kernel())
+        return cpu_layer_ops(load_layer_ops_kernel(request.param))
     except KernelUnavailable as exc:
         pytest.fail(f"the CPU layer ops must build where the tests run: {exc}")
 

@@ -1,4 +1,4 @@
-"""tts's streamed bf16 projections (`--linear-backend streamed`, executor/cpu_linear.py)
+"""tts's streamed bf16 projections (`--linear-backend streamed`, executor/cpu/cpu_linear.py)
 against F.linear on the real demo models' weights, at the row counts a decode step, a short
 prefill and a long one use, and on shapes whose outputs leave partial groups; whole bf16
 models as close to their fp32 selves as on oneDNN; fallbacks and the memory profile."""
@@ -9,8 +9,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from tts_runtime import Engine, EngineConfig, ScoreParams
-from tts_runtime.executor.cpu_extensions import KernelUnavailable
+from tts_runtime import Engine, EngineConfig, ScoreParams, cpu_features
+from tts_runtime.executor.cpu.cpu_extensions import KernelUnavailable
 from tts_runtime.executor.layer_ops import PrepackedLinear, layer_ops, packed_weight_bytes
 from tts_runtime.models.loader import load_model
 
@@ -22,7 +22,7 @@ CPU = torch.device("cpu")
 
 @pytest.fixture(scope="module")
 def kernel():
-    from tts_runtime.executor.cpu_linear import load_linear_kernel
+    from tts_runtime.executor.cpu.cpu_linear import load_linear_kernel
 
     try:
         return load_linear_kernel()
@@ -68,7 +68,7 @@ def test_kernel_handles_partial_groups(kernel, outputs):
 
 
 def test_backend_packs_the_models_own_bf16_weights_once_and_passes_the_rest_on(kernel, bf16_generator):
-    from tts_runtime.executor.cpu_linear import StreamedLinear
+    from tts_runtime.executor.cpu.cpu_linear import StreamedLinear
 
     model = bf16_generator.model
     linear = layer_ops(CPU, EngineConfig(linear_backend="streamed"), [model]).linear
@@ -90,7 +90,7 @@ def test_backend_packs_the_models_own_bf16_weights_once_and_passes_the_rest_on(k
 def test_calls_above_the_row_limit_go_to_onednn(kernel, bf16_generator):
     """On AMX CPUs oneDNN's tiles beat the kernel beyond a few rows: a limited backend packs
     for the small calls and hands the large ones to its fallback unchanged."""
-    from tts_runtime.executor.cpu_linear import AMX_MAX_ROWS, StreamedLinear, row_limit
+    from tts_runtime.executor.cpu.cpu_linear import AMX_MAX_ROWS, StreamedLinear, row_limit
 
     model = bf16_generator.model
     fallback = PrepackedLinear([model])
@@ -103,15 +103,22 @@ def test_calls_above_the_row_limit_go_to_onednn(kernel, bf16_generator):
     narrow = torch.randn(1, 2, proj.weight.shape[1], generator=generator).bfloat16()
     _close_to_f_linear(linear(narrow, proj.weight, None).view(2, -1), narrow.view(2, -1), proj.weight)
     assert len(linear._packed) == 1
-    assert row_limit() == (AMX_MAX_ROWS if torch.cpu._is_amx_tile_supported() else None)
+    assert row_limit() == (AMX_MAX_ROWS if cpu_features.has("amx_tile") else None)
 
 
 def test_fp32_models_run_as_prepacked(generator_model):
+    from tts_runtime.executor.cpu.cpu_linear import StreamedLinear
+
     linear = layer_ops(CPU, EngineConfig(linear_backend="streamed"), [generator_model.model]).linear
     proj = generator_model.model.layers[0].self_attn.qkv_proj
     x = torch.randn(4, proj.weight.shape[1], generator=torch.Generator().manual_seed(4))
     torch.testing.assert_close(linear(x, proj.weight, None), F.linear(x, proj.weight), rtol=1e-4, atol=1e-4)
-    assert not linear._packed  # fp32: the kernel takes no weight, oneDNN's packed copy serves it
+    # fp32: the kernel (where this CPU has one: AVX512-BF16) takes no weight, and oneDNN's packed
+    # copy serves it; without the kernel `streamed` is prepacked oneDNN itself.
+    if isinstance(linear, StreamedLinear):
+        assert not linear._packed
+        linear = linear._fallback
+    assert isinstance(linear, PrepackedLinear) and list(linear._packed) == [id(proj.weight)]
 
 
 def test_streamed_copies_are_counted_like_prepacked_ones(bf16_generator):

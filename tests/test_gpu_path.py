@@ -23,7 +23,7 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 from tts_runtime import CacheConfig, ConfigError, Engine, EngineConfig, SamplingParams  # noqa: E402
-from tts_runtime.executor.attention import TorchAttention  # noqa: E402
+from tts_runtime.executor.attention.attention import TorchAttention  # noqa: E402
 from tts_runtime.executor.batch import AttentionMetadata, ModelInput  # noqa: E402
 from tts_runtime.executor.cuda_graphs import (PAD_SLOT, StaticDecodeBuffers, capture_sizes,  # noqa: E402
                                             padded_decode_logits)
@@ -377,7 +377,7 @@ def test_padded_decode_forward_writes_only_real_slots(kernels):
     """The forward a CUDA graph captures, run eagerly with interpreted Triton kernels: after a
     larger batch left its rows behind, a 3-sequence step padded to 8 writes exactly its 3
     slots in every layer and matches the unpadded eager step."""
-    from tts_runtime.executor.triton_attention import TritonAttention
+    from tts_runtime.executor.attention.triton_attention import TritonAttention
 
     model = _tiny_model(_tiny_llama())
     arch, bs, device = model.arch, 8, torch.device("cpu")
@@ -603,7 +603,7 @@ def test_cuda_graph_step_equals_eager_step_and_keeps_other_kv(cuda_models, dtype
     """Executor level, one backend (fixed key splits): a batch of exactly a captured size
     replays to the eager logits; a padded batch writes only its own slots."""
     from tts_runtime.executor.cuda_graphs import CudaGraphRunner
-    from tts_runtime.executor.triton_attention import TritonAttention
+    from tts_runtime.executor.attention.triton_attention import TritonAttention
 
     loaded = cuda_models("generator", dtype)
     model, arch, bs, device = loaded.model, loaded.arch, 16, torch.device("cuda")

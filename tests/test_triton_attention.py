@@ -27,9 +27,9 @@ if not torch.cuda.is_available() and not isinstance(tl.sum, InterpretedFunction)
                 "run this module alone or set TRITON_INTERPRET=1", allow_module_level=True)
 
 from attention_cases import CASES, build as build_shared  # noqa: E402
-from tts_runtime.executor.attention import TorchAttention  # noqa: E402
+from tts_runtime.executor.attention.attention import TorchAttention  # noqa: E402
 from tts_runtime.executor.batch import AttentionMetadata  # noqa: E402
-from tts_runtime.executor.triton_attention import TritonAttention  # noqa: E402
+from tts_runtime.executor.attention.triton_attention import TritonAttention  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -218,7 +218,7 @@ _COMPILE_SCRIPT = r"""
 import torch, triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
-import tts_runtime.executor.triton_attention as ta
+import tts_runtime.executor.attention.triton_attention as ta
 
 POINTERS = {"block_tables": "*i32", "context_lens": "*i32", "tiles": "*i32", "slot_mapping": "*i64",
             "part_acc": "*fp32", "part_m": "*fp32", "part_l": "*fp32", "tables": "*i32", "items": "*i32",

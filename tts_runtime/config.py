@@ -6,6 +6,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from tts_runtime import cpu_features
+
 
 class ConfigError(ValueError):
     """A user-facing configuration mistake; the CLI prints it as one line."""
@@ -191,12 +193,12 @@ class EngineConfig:
     # uses AVX-512 on AMD and Intel alike), "prepacked" (the same on weights reordered once
     # into oneDNN's blocked layout: a packed copy beside the module's, counted in the memory
     # profile), "streamed" (bf16 weights packed once into one sequential stream for tts's
-    # AVX512-BF16 kernel, executor/cpu_linear.py; other weights as prepacked), "torch"
+    # AVX512-BF16 kernel, executor/cpu/cpu_linear.py; other weights as prepacked), "torch"
     # (F.linear: MKL's sgemm for fp32, which takes a slower path on AMD CPUs), "auto" (onednn
     # where torch has it). GPUs use cuBLAS.
     linear_backend: str = "auto"
     # CPU: RMSNorm, rotary embedding and the gated activation as one C++ pass each
-    # (executor/cpu_layer_ops.py), rounding where torch's eager ops round; off: the eager ops,
+    # (executor/cpu/cpu_layer_ops.py), rounding where torch's eager ops round; off: the eager ops,
     # bit-exact with HF.
     cpu_fused_ops: bool = True
     # GPU execution switches, honoured on CUDA only (the CPU has cpu_fused_ops):
@@ -249,7 +251,10 @@ def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
     twice fp32's rate on half the bytes), fp32 on other CPUs, which run bf16 slower than fp32.
     fp32 stays the parity reference: pass float32 to compare with HF transformers."""
     if dtype == "auto":
-        return torch.bfloat16 if device.type == "cuda" or torch.cpu._is_avx512_bf16_supported() else torch.float32
+        try:
+            return torch.bfloat16 if device.type == "cuda" or cpu_features.has("avx512_bf16") else torch.float32
+        except cpu_features.CpuFeaturesError as exc:
+            raise ConfigError(str(exc)) from None
     if dtype not in _DTYPES:
         raise ConfigError(f"unknown dtype '{dtype}'; choose one of auto, {', '.join(sorted(_DTYPES))}")
     return _DTYPES[dtype]

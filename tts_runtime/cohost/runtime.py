@@ -41,7 +41,8 @@ from tts_runtime.executor.kv_cache import KVAllocation, bytes_per_block, element
 from tts_runtime.executor.layer_ops import packed_weight_bytes, resolved_linear_backend
 from tts_runtime.executor.pipeline.pipeline import PipelineGroup, StageModel
 from tts_runtime.executor.profiling import EngineRole, profile_tokens, profiling_forward
-from tts_runtime.models.loader import LoadedModel, cache_root, load_model
+from tts_runtime.models.loader import LoadedModel, load_model
+from tts_runtime.paths import cache_root
 
 BACKENDS = ("native", "vllm")
 _DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}

@@ -7,7 +7,7 @@ from concurrent.futures import Future
 from typing import Protocol
 
 from tts_runtime.config import ConfigError, EngineConfig
-from tts_runtime.executor.attention import AttentionBackend, select_backend
+from tts_runtime.executor.attention.backends import AttentionBackend, select_backend
 from tts_runtime.executor.batch import ModelInput, ModelOutput, SamplePlan
 from tts_runtime.executor.cuda_graphs import CudaGraphRunner
 from tts_runtime.executor.kv_cache import KVAllocation, KVCaches, allocate_kv_cache

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 
 import torch
 
-from tts_runtime.executor.attention import AttentionBackend
+from tts_runtime.executor.attention.attention import AttentionBackend
 from tts_runtime.executor.batch import AttentionMetadata, ModelInput, ModelOutput
 from tts_runtime.models.decoder import DecoderModel
 from tts_runtime.models.layers import LayerOps

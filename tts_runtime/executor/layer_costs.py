@@ -18,7 +18,7 @@ from typing import Callable
 import torch
 
 from tts_runtime.config import EngineConfig
-from tts_runtime.executor.attention import select_backend
+from tts_runtime.executor.attention.backends import select_backend
 from tts_runtime.executor.batch import AttentionMetadata, ModelInput
 from tts_runtime.executor.kv_cache import allocate_kv_cache
 from tts_runtime.executor.layer_ops import layer_ops

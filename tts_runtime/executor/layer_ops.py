@@ -10,8 +10,9 @@ from dataclasses import replace
 import torch
 from torch import nn
 
+from tts_runtime import cpu_features
 from tts_runtime.config import ConfigError, EngineConfig
-from tts_runtime.executor.cpu_extensions import KernelUnavailable
+from tts_runtime.executor.cpu.cpu_extensions import KernelUnavailable
 from tts_runtime.models.layers import EAGER_OPS, LayerOps
 
 # The row count oneDNN picks its blocked weight layout for; measured at 1, 16 and 512 rows
@@ -22,10 +23,21 @@ _PACKING_ROWS_HINT = 128
 log = logging.getLogger(__name__)
 
 
+@functools.cache
+def onednn_takes_bf16() -> bool:
+    """Whether oneDNN's matmul runs bf16 here: it needs AVX-512 (avx512_core), AVX-NE-CONVERT
+    or AMX; on an AVX2 CPU it cannot create the primitive, and bf16 calls go to F.linear."""
+    return (torch.ops.mkldnn._is_mkldnn_bf16_supported()
+            and any(cpu_features.has(f) for f in ("avx512bw", "avx_ne_convert", "amx_bf16")))
+
+
 def onednn_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     """F.linear through oneDNN's matmul. For fp32, torch's F.linear calls MKL's sgemm,
     which on AMD CPUs runs a generic path several times slower at the row counts beam
-    search decodes with; oneDNN's JIT kernels use the AVX-512 the CPU has."""
+    search decodes with; oneDNN's JIT kernels use the AVX-512 the CPU has. bf16 where
+    oneDNN cannot (`onednn_takes_bf16`) runs F.linear."""
+    if x.dtype == torch.bfloat16 and not onednn_takes_bf16():
+        return torch.nn.functional.linear(x, weight, bias)
     return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
 
 
@@ -46,7 +58,7 @@ class PrepackedLinear:
         key = id(weight)
         packed = self._packed.get(key)
         if packed is None:
-            if self._weights.get(key) is not weight:
+            if self._weights.get(key) is not weight or (x.dtype == torch.bfloat16 and not onednn_takes_bf16()):
                 return onednn_linear(x, weight, bias)
             packed = self._packed[key] = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), _PACKING_ROWS_HINT)
         return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
@@ -100,7 +112,7 @@ def layer_ops(device: torch.device, config: EngineConfig, models: Sequence[nn.Mo
 def streamed_linear(models: Sequence[nn.Module], fallback: PrepackedLinear):
     """tts's bf16 kernel over `fallback` (on AMX CPUs for the few-row calls only), or `fallback`
     alone (with a warning) where the kernel cannot be built or the CPU lacks AVX512-BF16."""
-    from tts_runtime.executor.cpu_linear import StreamedLinear, load_linear_kernel, row_limit
+    from tts_runtime.executor.cpu.cpu_linear import StreamedLinear, load_linear_kernel, row_limit
 
     try:
         return StreamedLinear(load_linear_kernel(), models, fallback, row_limit())
@@ -112,7 +124,7 @@ def streamed_linear(models: Sequence[nn.Module], fallback: PrepackedLinear):
 @functools.cache
 def cpu_elementwise_ops() -> LayerOps:
     """The C++ layer ops, or the eager ones (with a warning, once) where they cannot be built."""
-    from tts_runtime.executor.cpu_layer_ops import cpu_layer_ops, load_layer_ops_kernel
+    from tts_runtime.executor.cpu.cpu_layer_ops import cpu_layer_ops, load_layer_ops_kernel
 
     try:
         return cpu_layer_ops(load_layer_ops_kernel())

@@ -9,7 +9,7 @@ from concurrent.futures import Future
 
 import torch
 
-from tts_runtime.executor.attention import AttentionBackend
+from tts_runtime.executor.attention.attention import AttentionBackend
 from tts_runtime.executor.batch import ModelInput, ModelOutput, SamplePlan
 from tts_runtime.executor.cuda_graphs import CudaGraphRunner
 from tts_runtime.executor.kv_cache import KVCaches

@@ -13,7 +13,7 @@ from typing import Callable, Literal
 
 import torch
 
-from tts_runtime.executor.attention import select_backend
+from tts_runtime.executor.attention.backends import select_backend
 from tts_runtime.executor.batch import AttentionMetadata, ModelInput
 from tts_runtime.executor.local import LocalExecutor
 from tts_runtime.executor.kv_cache import allocate_kv_cache

@@ -27,7 +27,7 @@ class AttentionMetadata(Protocol):
 
 
 class AttentionBackend(Protocol):
-    """What the layers call of an attention backend (executor/attention.py)."""
+    """What the layers call of an attention backend (executor/attention/attention.py)."""
 
     def store_kv(self, key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                  slot_mapping: torch.Tensor) -> None: ...

@@ -1,6 +1,6 @@
 """Fused Triton kernels for a layer's elementwise ops: RMSNorm, rotary embedding and the
 gated activation (SiLU / tanh-GELU times up). GPU engines route `LayerOps` here
-(an executor passes `FUSED_OPS` to the forward); the CPU has its own (executor/cpu_layer_ops.py).
+(an executor passes `FUSED_OPS` to the forward); the CPU has its own (executor/cpu/cpu_layer_ops.py).
 
 Each kernel reads its input once and writes its output once, where the eager versions
 make several fp32 passes (RMSNorm: upcast, square, mean, scale, cast, weight; rotary:

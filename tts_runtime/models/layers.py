@@ -2,7 +2,7 @@
 
 The elementwise pieces are plain functions collected in `LayerOps`; every forward takes
 the `ops` to use, chosen by the executor that runs the model, so a GPU executor runs fused
-kernels and a CPU one C++ loops (executor/cpu_layer_ops.py) or, switched off, these exact eager
+kernels and a CPU one C++ loops (executor/cpu/cpu_layer_ops.py) or, switched off, these exact eager
 ops (bit-parity with HF), on the same weights.
 """
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 import fcntl
 import hashlib
 import json
-import os
 import shutil
 import struct
 import tempfile
@@ -27,10 +26,7 @@ from tts_runtime.config import ConfigError
 from tts_runtime.models.arch import ArchConfig, arch_from_hf
 from tts_runtime.models.decoder import DecoderModel, ModelPart
 from tts_runtime.models.registry import resolve
-
-
-def cache_root() -> Path:
-    return Path(os.environ.get("TTS_CACHE_DIR", Path.home() / ".cache" / "tts"))
+from tts_runtime.paths import cache_root
 
 
 def _gguf_cache_dir(gguf: Path) -> Path:

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 
 import torch
 
-from tts_runtime.executor.attention import AttentionBackend
+from tts_runtime.executor.attention.attention import AttentionBackend
 from tts_runtime.executor.batch import ModelInput
 from tts_runtime.executor.cuda_graphs import DEFAULT_CAPTURE_SIZES, StaticDecodeBuffers, capture_sizes
 from tts_runtime.models.decoder import DecoderModel

@@ -28,27 +28,35 @@ from types import ModuleType
 import torch
 from torch import nn
 
-from tts_runtime.executor.cpu_extensions import KernelUnavailable, load_extension
+from tts_runtime import cpu_features
+from tts_runtime.executor.cpu.cpu_extensions import KernelUnavailable, load_extension
 
 
 # On AMX CPUs the largest call the kernel still wins (see above).
 AMX_MAX_ROWS = 2
 
 
+# What the kernel needs; without it `load_linear_kernel` does not even build it.
+REQUIRES = "avx512_bf16"
+
+
 def row_limit() -> int | None:
     """Rows above which oneDNN is faster than the kernel on this CPU: None (every row count)
     without AMX, `AMX_MAX_ROWS` with it."""
-    has_amx = getattr(torch.cpu, "_is_amx_tile_supported", None)
-    return AMX_MAX_ROWS if has_amx is not None and has_amx() else None
+    return AMX_MAX_ROWS if cpu_features.has("amx_tile") else None
 
 
 @functools.cache
-def load_linear_kernel() -> ModuleType:
-    """Builds or loads the extension; raises KernelUnavailable when it cannot be built or the
-    CPU lacks AVX512-BF16."""
-    kernel = load_extension("tts_linear_cpu", "linear_cpu.cpp")
+def load_linear_kernel(march: str | None = None) -> ModuleType:
+    """Builds or loads the extension (for `march`, default cpu_features.march()); raises
+    KernelUnavailable, without building, where the CPU (as cpu_features sees it) lacks
+    AVX512-BF16, and when the build has no AVX512-BF16 kernel or cannot be built."""
+    if march is None and not cpu_features.has(REQUIRES):
+        raise KernelUnavailable("needs AVX512-BF16, which this CPU has not"
+                                + ("" if cpu_features.level() == "native" else f" ({cpu_features.ENV}={cpu_features.level()})"))
+    kernel = load_extension("tts_linear_cpu", "linear_cpu.cpp", march=march)
     if not kernel.available():
-        raise KernelUnavailable("this CPU has no AVX512-BF16")
+        raise KernelUnavailable(f"built for -march={march or cpu_features.march()}, which has no AVX512-BF16")
     return kernel
 
 

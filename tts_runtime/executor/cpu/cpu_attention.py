@@ -19,10 +19,10 @@ from types import ModuleType
 
 import torch
 
-from tts_runtime.executor.attention import AttentionBackend, store_kv
-from tts_runtime.executor.attention_plan import AttentionPlan, build_plan
+from tts_runtime.executor.attention.attention import AttentionBackend, store_kv
+from tts_runtime.executor.attention.attention_plan import AttentionPlan, build_plan
 from tts_runtime.executor.batch import AttentionMetadata
-from tts_runtime.executor.cpu_extensions import load_extension
+from tts_runtime.executor.cpu.cpu_extensions import load_extension
 
 
 # The kernel's vector width in fp32 lanes: head_dim must be a multiple of it, and at most
@@ -32,15 +32,15 @@ MAX_HEAD_DIM = 256
 
 
 @functools.cache
-def load_kernel() -> ModuleType:
-    """Builds (first call on a machine, ~1 min) or loads the cached extension; raises
-    KernelUnavailable when it cannot."""
-    return load_extension("tts_paged_attention_cpu", "paged_attention_cpu.cpp")
+def load_kernel(march: str | None = None) -> ModuleType:
+    """Builds (first call on a machine, tens of seconds) or loads the cached extension, for
+    `march` (default: cpu_features.march()); raises KernelUnavailable when it cannot."""
+    return load_extension("tts_paged_attention_cpu", "paged_attention_cpu.cpp", march=march)
 
 
 class CpuPagedAttention:
     """The C++ paged-attention kernel; `cascade` turns shared-prefix attention on, `bf16_dot`
-    the AVX512-BF16 dot products on a bf16 cache (where the build has them). Head sizes the
+    the AVX512-BF16 dot products on a bf16 cache (where the build has them: `bf16_dot_available()`). Head sizes the
     kernel does not take (not a multiple of 16, or over 256) go to `fallback`."""
 
     name = "cpu"

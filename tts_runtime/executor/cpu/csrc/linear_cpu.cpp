@@ -1,5 +1,5 @@
 // bf16 projections at the few rows of a decode step, on weights packed once into one
-// sequential stream (tts_runtime/executor/cpu_linear.py).
+// sequential stream (tts_runtime/executor/cpu/cpu_linear.py).
 //
 // At 16 rows a projection is bound by streaming its weight from memory: each weight is
 // used 16 times, and a SmolLM2 layer's 7 MB do not stay in cache between steps. oneDNN's
@@ -13,9 +13,12 @@
 // stores, for each pair of inputs (k, k+1), its blocks' 16x2 bf16 tiles side by side: one
 // 64-byte line per block, the pair interleaving that vdpbf16ps multiplies.
 
-#include <torch/extension.h>
-
+// The few torch headers the kernel uses, not <torch/extension.h>: that one brings in torch's
+// whole C++ API and took about 22 of a kernel's 25 s of compiling (cpu_build.py).
 #include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <torch/csrc/utils/pybind.h>
 
 #include <algorithm>
 #include <cstdint>
@@ -80,8 +83,8 @@ void group_rows(const uint32_t* x_pairs, int64_t rows, int64_t pairs, const __m5
 
 #endif
 
-void check_weight(const torch::Tensor& weight) {
-  TORCH_CHECK(weight.dim() == 2 && weight.scalar_type() == torch::kBFloat16, "expected a 2-d bf16 weight");
+void check_weight(const at::Tensor& weight) {
+  TORCH_CHECK(weight.dim() == 2 && weight.scalar_type() == at::kBFloat16, "expected a 2-d bf16 weight");
   TORCH_CHECK(weight.size(0) % kColumns == 0 && weight.size(1) % 2 == 0,
               "the weight's outputs must be a multiple of 16 and its inputs even");
 }
@@ -89,11 +92,11 @@ void check_weight(const torch::Tensor& weight) {
 }  // namespace
 
 // [N, K] -> the packed stream (N * K bf16).
-torch::Tensor pack_weight(const torch::Tensor& weight) {
+at::Tensor pack_weight(const at::Tensor& weight) {
   check_weight(weight);
-  const torch::Tensor plain = weight.contiguous();
+  const at::Tensor plain = weight.contiguous();
   const int64_t n = plain.size(0), k = plain.size(1), blocks = n / kColumns, pairs = k / 2;
-  torch::Tensor packed = torch::empty({n * k}, plain.options());
+  at::Tensor packed = at::empty({n * k}, plain.options());
   const c10::BFloat16* src = plain.data_ptr<c10::BFloat16>();
   c10::BFloat16* dst = packed.data_ptr<c10::BFloat16>();
   for (int64_t first = 0; first < blocks; first += kGroup) {
@@ -110,14 +113,14 @@ torch::Tensor pack_weight(const torch::Tensor& weight) {
 }
 
 // x [rows, K] bf16 (contiguous) times the packed weight of `outputs` rows: [rows, outputs] bf16.
-torch::Tensor linear(const torch::Tensor& x, const torch::Tensor& packed, int64_t outputs) {
+at::Tensor linear(const at::Tensor& x, const at::Tensor& packed, int64_t outputs) {
   TORCH_CHECK(TTS_BF16_LINEAR, "built without AVX512-BF16");
-  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kBFloat16 && x.is_contiguous(),
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kBFloat16 && x.is_contiguous(),
               "expected contiguous 2-d bf16 activations");
   const int64_t rows = x.size(0), k = x.size(1), pairs = k / 2, blocks = outputs / kColumns;
   TORCH_CHECK(k % 2 == 0 && outputs % kColumns == 0 && packed.numel() == outputs * k,
               "activations and packed weight do not match");
-  torch::Tensor out = torch::empty({rows, outputs}, x.options());
+  at::Tensor out = at::empty({rows, outputs}, x.options());
 #if TTS_BF16_LINEAR
   const auto* x_pairs = reinterpret_cast<const uint32_t*>(x.data_ptr<c10::BFloat16>());
   const auto* weights = reinterpret_cast<const __m512bh*>(packed.data_ptr<c10::BFloat16>());

@@ -30,7 +30,7 @@ import triton
 import triton.language as tl
 from triton.runtime.interpreter import InterpretedFunction
 
-from tts_runtime.executor.attention_plan import ROW_TILE, build_plan, shares_blocks
+from tts_runtime.executor.attention.attention_plan import ROW_TILE, build_plan, shares_blocks
 from tts_runtime.executor.batch import AttentionMetadata
 
 

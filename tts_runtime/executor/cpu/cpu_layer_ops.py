@@ -16,7 +16,7 @@ from types import ModuleType
 
 import torch
 
-from tts_runtime.executor.cpu_extensions import load_extension
+from tts_runtime.executor.cpu.cpu_extensions import load_extension
 from tts_runtime.models import layers
 
 # Activation name -> the kernel's switch.
@@ -25,10 +25,11 @@ _DTYPES = (torch.float32, torch.bfloat16)
 
 
 @functools.cache
-def load_layer_ops_kernel() -> ModuleType:
-    """Builds or loads the extension; raises KernelUnavailable when it cannot. Built without
-    contracting a product and a sum into one multiply-add: the eager ops round each."""
-    return load_extension("tts_layer_ops_cpu", "layer_ops_cpu.cpp", ("-ffp-contract=off",))
+def load_layer_ops_kernel(march: str | None = None) -> ModuleType:
+    """Builds or loads the extension (for `march`, default cpu_features.march()); raises
+    KernelUnavailable when it cannot. Built without contracting a product and a sum into one
+    multiply-add: the eager ops round each."""
+    return load_extension("tts_layer_ops_cpu", "layer_ops_cpu.cpp", ("-ffp-contract=off",), march=march)
 
 
 def cpu_layer_ops(kernel: ModuleType) -> layers.LayerOps:
