@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import torch
 
 from evals.bench import SideBySide, write_report
-from tts_runtime import cpu_features
+import tts_runtime.cpu_features as cpu_features
 from tts_runtime.config import CacheConfig, EngineConfig
 from tts_runtime.engine.engine import Engine
 from tts_runtime.engine.request import SamplingParams

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from tts_runtime import cpu_features
+import tts_runtime.cpu_features as cpu_features
 
 
 class ConfigError(ValueError):

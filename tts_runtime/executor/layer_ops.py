@@ -10,7 +10,7 @@ from dataclasses import replace
 import torch
 from torch import nn
 
-from tts_runtime import cpu_features
+import tts_runtime.cpu_features as cpu_features
 from tts_runtime.config import ConfigError, EngineConfig
 from tts_runtime.executor.cpu.cpu_extensions import KernelUnavailable
 from tts_runtime.models.layers import EAGER_OPS, LayerOps

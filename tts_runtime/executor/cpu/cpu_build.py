@@ -20,7 +20,7 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from multiprocessing import get_context
 
-from tts_runtime import cpu_features
+import tts_runtime.cpu_features as cpu_features
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ from types import ModuleType
 
 import torch
 
-from tts_runtime import cpu_features
+import tts_runtime.cpu_features as cpu_features
 from tts_runtime.paths import cache_root
 
 CSRC = Path(__file__).parent / "csrc"

@@ -28,7 +28,7 @@ from types import ModuleType
 import torch
 from torch import nn
 
-from tts_runtime import cpu_features
+import tts_runtime.cpu_features as cpu_features
 from tts_runtime.executor.cpu.cpu_extensions import KernelUnavailable, load_extension
 
 
