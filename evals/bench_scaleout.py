@@ -62,8 +62,7 @@ class ScaleoutBench:
 def _measure(bench: ScaleoutBench, problems: Sequence, replicas: int, threads: int) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as tmp:
         outcome = run_scaled(bench.spec, problems, bench.config, RunFolder.open(Path(tmp) / "run", resume=False),
-                             ScaleOut(replicas=replicas, threads_per_replica=threads),
-                             dataset={"name": "math500", "limit": bench.limit}, command=["tts", "bench", "scaleout"])
+                             ScaleOut(replicas=replicas, threads_per_replica=threads))
     speed, scale = outcome.metrics["throughput"], outcome.metrics["scaleout"]
     return {"problems_per_min": speed["problems_per_min"], "seconds": speed["seconds"],
             "generator_tokens_per_s": speed["generator_tokens_per_s"], "startup_seconds": scale["startup_seconds"],

@@ -47,7 +47,8 @@ from evals.bench import SideBySide
 from evals.memory_plots import plot_hit_rate, plot_sweep, plot_throughput
 from evals.shifting_workload import WorkloadPhase, workload_phases
 from memory.profile import MemoryProfile, format_bytes
-from memory.split import POLICIES, MemoryConfig, Workload, parse_size
+from memory.split import POLICIES, MemoryConfig, Workload
+from tts_runtime.options import parse_size
 from search.config import SearchConfig
 from search.driver import run_search
 from search.prm import make_prm_format

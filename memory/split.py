@@ -20,44 +20,26 @@ Policies choose F:
 from __future__ import annotations
 
 import math
-import math
-import re
 from dataclasses import dataclass
 
 from memory.pool import ChunkLayout
 from memory.profile import GiB, MemoryProfile, format_bytes
 from tts_runtime.config import ConfigError
+from tts_runtime.options import option, parse_optional_size
 
 POLICIES = ("static", "auto", "elastic")
 DEFAULT_CPU_BUDGET = 8 * GiB
 # Auto never gives either model less than this share: both must be able to run.
 _AUTO_BOUNDS = (0.05, 0.95)
-_UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "kib": 1 << 10, "m": 1000 ** 2, "mb": 1000 ** 2,
-          "mib": 1 << 20, "g": 1000 ** 3, "gb": 1000 ** 3, "gib": 1 << 30, "t": 1000 ** 4,
-          "tb": 1000 ** 4, "tib": 1 << 40}
-
-
-_LARGEST = 1 << 60  # 1 EiB: past any device, and still exact as an int
-
-
-def parse_size(text: str) -> int:
-    """'6GiB', '512MiB', '1.5GB', '2e9' -> bytes."""
-    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:e[0-9]+)?)\s*([a-zA-Z]*)\s*", str(text))
-    unit = match.group(2).lower() if match else None
-    if match is None or unit not in _UNITS:
-        raise ConfigError(f"cannot read memory size '{text}'; write e.g. 6GiB, 512MiB or 8GB")
-    size = float(match.group(1)) * _UNITS[unit]
-    if not math.isfinite(size) or size >= _LARGEST:
-        raise ConfigError(f"memory size '{text}' is too large to be a device's memory; write e.g. 6GiB or 80GB")
-    return int(size)
-
-
 @dataclass(frozen=True)
 class MemoryConfig:
-    device_memory: int | None = None  # bytes; None: the NVML total on GPU, 8 GiB on CPU
-    utilization: float = 0.9
-    policy: str = "static"
-    prm_fraction: float = 0.3  # share of the KV budget given to the PRM (static)
+    device_memory: int | None = option(None, "Memory budget for both models, e.g. 6GiB (default: the GPU's, "
+                                       "8GiB on CPU).", parse=parse_optional_size)
+    utilization: float = option(0.9, "Share of the budget the runtime may use.", panel="Memory",
+                                flag="memory_utilization")
+    policy: str = option("static", "static, auto (split from the profiles and the workload) or elastic (one KV "
+                         "pool that moves at run time).", panel="Memory", flag="memory_policy")
+    prm_fraction: float = option(0.3, "Share of the KV budget for the PRM (static).", flag="memory_split")
 
     def __post_init__(self) -> None:
         if self.policy not in POLICIES:

@@ -13,6 +13,7 @@ from search.aggregate import check_aggregation
 from search.grading import check_vote_ties
 from search.prm import prm_format_class
 from tts_runtime.config import ConfigError
+from tts_runtime.options import option
 
 METHODS: tuple[str, ...] = ("beam", "bon", "dvts")
 STEP_DELIMITER = "\n\n"
@@ -21,47 +22,56 @@ SURVIVOR_ORDERS: tuple[str, ...] = ("original", "score")
 
 @dataclass(frozen=True)
 class SearchConfig:
-    method: str = "beam"
-    n: int = 4
-    beam_width: int = 4
-    num_iterations: int = 40
-    temperature: float = 0.8
-    top_p: float = 1.0
+    method: str = option("beam", "beam, bon or dvts (the command names it).", panel="Search details")
+    n: int = option(4, "Beams (beam search), samples (best-of-N), leaves (DVTS).")
+    beam_width: int = option(4, "M: beam search keeps n/M beams; DVTS grows n/M subtrees of M.")
+    num_iterations: int = option(40, "Most steps per beam.")
+    temperature: float = option(0.8, "Sampling temperature (0 is greedy).")
+    top_p: float = option(1.0, "Nucleus sampling mass.", panel="Search details")
     # Token cap per step, as search-and-learn's recipes (2048); the demo passes a smaller one.
-    max_step_tokens: int = 2048
+    max_step_tokens: int = option(2048, "Token cap per step.")
     # Cap for a whole solution: best-of-N samples and the last iteration's run to the end.
-    max_tokens: int = 2048
-    aggregation: str = "last"
+    max_tokens: int = option(2048, "Token cap per whole solution (best-of-N, --eos-sampling).")
+    aggregation: str = option("last", "Step scores to beam score: last, min, prod, mean.", panel="Search details")
     # The search-and-learn beam-search recipe sets filter_duplicates. With sort_completed off
     # (search-and-learn's default) the first n beams to complete are kept; on, the best n.
-    filter_duplicates: bool = True
-    sort_completed: bool = False
+    filter_duplicates: bool = option(True, "Drop beams with identical text.", panel="Search details")
+    sort_completed: bool = option(False, "Keep the best-scored completed beams (off: the first n to complete).",
+                                  panel="Search details")
     # At the last iteration every beam runs to the end (no step stop, `max_tokens` cap) and
     # counts as completed, as search-and-learn does; off, the last iteration is one more step.
-    eos_sampling: bool = True
+    eos_sampling: bool = option(True, "At the last iteration let beams run to the end (--max-tokens) and count "
+                                "them completed.", panel="Search details")
     # Fewer than n completed beams are padded to n with copies (search-and-learn); the copies
     # add weight to their answers in the votes.
-    pad_completed: bool = True
+    pad_completed: bool = option(True, "Pad fewer than n completed beams to n with copies.", panel="Search details")
     # "original": the kept beams stay in the order they were generated (search-and-learn
     # marks the top n // M and keeps the rest of the list in place); "score": best first.
     # The order decides which survivor each refilled copy comes from.
-    survivor_order: str = "original"
+    survivor_order: str = option("original", "Kept beams in generation order ('original') or best first "
+                                 "('score').", panel="Search details")
     # Weighted vote: each candidate weighs its `vote_aggregation` score (search-and-learn's
     # score.py always uses the last step's score); equal votes go to the group seen first
     # ("first") or to the one holding the higher single score ("best").
-    vote_aggregation: str = "last"
-    vote_ties: str = "first"
-    prm_format: str | None = None  # None: the PRM's own format (search.prm_detect)
+    vote_aggregation: str = option("last", "Step scores to a weighted-vote weight: last, min, prod, mean.",
+                                   panel="Search details")
+    vote_ties: str = option("first", "Equal votes: 'first' group seen or the 'best' single score.",
+                            panel="Search details")
+    prm_format: str | None = option(None, "rlhflow, math-shepherd, qwen-prm or judge (default: detected from the "
+                                    "PRM checkpoint).", panel="Models")
     # Searches in flight at once; their requests share the engines' batches (16 ran 1.23x
     # the problems/min of 8 on a 2-core CPU in bf16, docs/benchmarks/problem_batch.md).
-    problem_batch: int = 16
-    seed: int = 42
+    problem_batch: int = option(16, "Searches in flight at once.", panel="Search details")
+    seed: int = option(42, "Search seed.")
     # FastTTS's speculative beam extension (beam search; search/speculation.py): a beam whose
     # step finished starts its next step at once, kept if the beam survives selection,
     # aborted if not. `speculative_max_tokens` caps one speculative step (None: the step's
     # own cap); a speculation cut short by it is discarded and the step generated anew.
-    speculative_extension: bool = False
-    speculative_max_tokens: int | None = None
+    speculative_extension: bool = option(False, "Beam search: a beam whose step finished starts its next step "
+                                         "while the others finish (FastTTS); same decisions.",
+                                         panel="Search details")
+    speculative_max_tokens: int | None = option(None, "Cap of one speculative step (default: the step cap).",
+                                                panel="Search details")
 
     def __post_init__(self) -> None:
         checks = [

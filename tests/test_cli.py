@@ -155,14 +155,14 @@ def test_cli_end_to_end_on_three_problems(tmp_path, math500_path):
                      "prefix hit rate", "score-cache hit rate", "run folder"):
         assert fragment in done.stdout
     config = json.loads((out / "config.json").read_text())
-    assert config["models"] == {"generator": "smollm2-135m-instruct", "prm": "gemma3-270m", "prm_format": "judge",
-                                "dtypes": {"generator": AUTO_DTYPE, "prm": AUTO_DTYPE}}
+    assert config["models"] == {"generator": "smollm2-135m-instruct", "prm": "gemma3-270m", "dtype": "auto"}
+    assert config["resolved"] == {"dtype": AUTO_DTYPE, "prm_format": "judge"}
     assert config["search"]["n"] == 4 and config["search"]["beam_width"] == 2
     assert (config["search"]["temperature"], config["search"]["top_p"]) == (0.6, 0.9)
     assert (config["search"]["aggregation"], config["search"]["vote_aggregation"]) == ("min", "prod")
-    assert config["dataset"]["ids"] == sorted(IDS)
+    assert sorted(config["dataset"]["ids"]) == sorted(IDS)
     assert set(config["versions"]) == {"python", "torch", "transformers", "tts"}
-    assert config["machine"]["device"] == "cpu" and config["seeds"]["search"] == 42
+    assert config["machine"]["device"] == "cpu" and config["search"]["seed"] == 42
     rows = _lines(out)
     assert sorted(row["id"] for row in rows) == sorted(IDS)
     for row in rows:
@@ -200,7 +200,7 @@ def test_dtype_option_overrides_auto_for_both_models(tmp_path, math500_path):
                           capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]
     config = json.loads((out / "config.json").read_text())
-    assert config["models"]["dtypes"] == {"generator": f"torch.{other}", "prm": f"torch.{other}"}
+    assert config["models"]["dtype"] == other and config["resolved"]["dtype"] == f"torch.{other}"
     [row] = _lines(out)
     assert row["generated_tokens"] > 0 and row["beams"]
 

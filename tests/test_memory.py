@@ -14,7 +14,8 @@ from evals.memory_sweep import parse_splits, settings_for
 from memory.elastic import ElasticPolicy, Pressure
 from memory.pool import ChunkLayout, ElasticKVPool, MemberLayout
 from memory.profile import MemoryProfile, weight_bytes
-from memory.split import MemoryConfig, Workload, parse_size, plan_memory
+from memory.split import MemoryConfig, Workload, plan_memory
+from tts_runtime.options import parse_size
 from tts_runtime import ConfigError, EngineConfig, SamplingParams, SchedulerConfig, ScoreParams
 from tts_runtime.cohost.runtime import Runtime, profile_models, profile_one
 from tts_runtime.engine.block_manager import ROOT_HASH, BlockManager

@@ -7,10 +7,7 @@ from dataclasses import dataclass, field
 import torch
 
 import tts_runtime.cpu_features as cpu_features
-
-
-class ConfigError(ValueError):
-    """A user-facing configuration mistake; the CLI prints it as one line."""
+from tts_runtime.options import ConfigError, comma_list, option, parse_size
 
 
 @dataclass(frozen=True)
@@ -28,13 +25,17 @@ class CacheConfig:
     # Exactly one of these decides the pool size; num_blocks wins when both are set.
     num_blocks: int | None = None
     kv_cache_bytes: int | None = None
-    enable_prefix_caching: bool = True
+    enable_prefix_caching: bool = option(True, "Reuse the KV of prompt prefixes already in the cache.",
+                                         panel="Engine", flag="prefix_caching")
     # Host KV tier (Seesaw): bytes of host memory per engine that keep the prefix blocks
     # its device pool evicts, swapped back in on a later hit instead of recomputed (0: off).
-    host_kv_bytes: int = 0
+    host_kv_bytes: int = option(0, "Host KV tier per model, e.g. 2GiB: evicted prefix blocks wait there and are "
+                                "swapped back in instead of recomputed (0: off).", panel="Engine",
+                                flag="host_kv_memory", parse=parse_size)
     # Swap in the tier's blocks of the waiting requests the next step will admit, one step
     # ahead (behind the forward on CUDA; synchronously between steps on CPU).
-    host_kv_prefetch: bool = True
+    host_kv_prefetch: bool = option(True, "Host KV tier: swap in the blocks of requests about to be admitted one "
+                                    "step ahead.", panel="Engine")
 
     def __post_init__(self) -> None:
         if self.host_kv_bytes < 0:
@@ -48,10 +49,13 @@ class ThrottleConfig:
     Prefill tokens per microbatch: min(max(waiting / iterations, min_prefill),
     max_prefill * max((kv_free - kv_threshold) / (1 - kv_threshold), 0))."""
 
-    iterations: int = 8  # #T: spread the waiting prefill tokens over this many microbatches
-    max_prefill: int = 2048  # #MaxP
-    min_prefill: int = 32  # #MinP: floors the waiting-tokens term only
-    kv_threshold: float = 0.05  # θ: no prefill while the free KV fraction is below it
+    iterations: int = option(8, "throttle #T: spread the waiting prefill over this many microbatches.",
+                             panel="Scheduler", flag="throttle_iterations")
+    max_prefill: int = option(2048, "throttle #MaxP.", panel="Scheduler", flag="throttle_max_prefill")
+    min_prefill: int = option(32, "throttle #MinP: floors the waiting-tokens term only.", panel="Scheduler",
+                              flag="throttle_min_prefill")
+    kv_threshold: float = option(0.05, "throttle θ: no prefill while the free KV fraction is below this.",
+                                 panel="Scheduler", flag="throttle_kv_threshold")
 
     def __post_init__(self) -> None:
         checks = [
@@ -66,19 +70,27 @@ class ThrottleConfig:
                 raise ConfigError(f"invalid throttle setting: {message}")
 
 
+SCHEDULER_POLICIES = ("sarathi", "throttle")
+
+
 @dataclass(frozen=True)
 class SchedulerConfig:
-    policy: str = "sarathi"  # "sarathi" or "throttle"
-    max_num_batched_tokens: int = 2048
-    max_num_seqs: int = 256
+    policy: str = option("sarathi", "sarathi (fill the token budget) or throttle (gLLM token throttling).",
+                         panel="Scheduler", flag="scheduler_policy")
+    max_num_batched_tokens: int = option(2048, "Tokens per engine step (the token budget).", panel="Scheduler")
+    max_num_seqs: int = option(256, "Sequences per engine step.", panel="Scheduler")
     # Largest prefill chunk for one sequence in one step (None: the token budget).
-    max_prefill_chunk: int | None = None
+    max_prefill_chunk: int | None = option(None, "Largest prefill chunk of one sequence in one step (default: "
+                                           "the token budget).", panel="Scheduler")
     throttle: ThrottleConfig = field(default_factory=ThrottleConfig)
     # FastTTS prefix-aware ordering: admit waiting requests that share leading prefix blocks
     # one after another (first-come order between groups), so their prefix stays hot.
-    prefix_aware_order: bool = False
+    prefix_aware_order: bool = option(False, "Admit waiting requests that share a prefix together (FastTTS).",
+                                      panel="Scheduler")
 
     def __post_init__(self) -> None:
+        if self.policy not in SCHEDULER_POLICIES:
+            raise ConfigError(f"unknown scheduler policy '{self.policy}'; choose {' or '.join(SCHEDULER_POLICIES)}")
         if self.max_num_batched_tokens < 1:
             raise ConfigError(f"the token budget per step must be >= 1, got {self.max_num_batched_tokens}")
         if self.max_num_seqs < 1:
@@ -92,22 +104,31 @@ class ParallelConfig:
     """Pipeline parallelism: `pp_size` stage processes, each running a contiguous slice of
     every model's layers. The SiPipe switches (on by default) are measured by `tts bench pipeline`."""
 
-    pp_size: int = 1
-    pp_layers: tuple[int, ...] | None = None  # layers per stage (generator); None: balanced by cost
+    pp_size: int = option(1, "Pipeline stages (processes), each running a slice of both models' layers.",
+                          panel="Pipeline", flag="pp")
+    pp_layers: tuple[int, ...] | None = option(None, "Generator layers per stage, e.g. 16,14 (default: balanced "
+                                               "on measured time).", panel="Pipeline",
+                                               parse=comma_list(int, "pp-layers"))
     # Activations between stages: "shm" (shared-memory slots; through host memory for GPU
     # stages), "gloo" or "nccl" (torch.distributed point-to-point); auto: nccl when every
     # stage has a GPU of its own, else shm (executor/pipeline/stage_placement.py).
-    transport: str = "auto"
-    threads_per_stage: int | None = None  # torch threads in each stage (None: cores // pp_size)
+    transport: str = option("auto", "Activations between stages: shm (shared memory), gloo or nccl "
+                            "(torch.distributed); auto: nccl when every stage has a GPU of its own, else shm.",
+                            panel="Pipeline", flag="pp_transport")
+    threads_per_stage: int | None = option(None, "Torch threads per stage (default: cores / pp).",
+                                           panel="Pipeline")
     # SiPipe: the last stage returns logits rows and the driver samples them while the
     # stages run the next microbatch (off: the last stage samples and returns tokens).
-    sample_on_driver: bool = True
+    sample_on_driver: bool = option(True, "SiPipe: sample on the driver while the stages run on.",
+                                    panel="Pipeline")
     # SiPipe: a stage prepares microbatch i+1's inputs (into the input buffers of i+1's
     # parity) while microbatch i computes (off: it prepares them after i).
-    token_safe: bool = True
+    token_safe: bool = option(True, "SiPipe: prepare the next microbatch's inputs while one computes.",
+                              panel="Pipeline")
     # SiPipe: receivers size activation buffers from the schedule they already hold and
     # get only a ready signal (off: every activation travels with its shape as a message).
-    structure_aware: bool = True
+    structure_aware: bool = option(True, "SiPipe: activations through pre-sized shared-memory slots, no shape "
+                                   "messages.", panel="Pipeline")
 
     def __post_init__(self) -> None:
         if self.pp_size < 1:
@@ -139,15 +160,21 @@ class CohostConfig:
     with both, the generator decodes in every step and the phases only batch the PRM.
     `auto` is batched on a GPU and alternate elsewhere (`resolve_phase_policy`)."""
 
-    phase_policy: str = "auto"
-    prm_buffer_tokens: int = 2048
-    generator_low_water: int = 0
-    generator_buffer_seqs: int = 256
-    overlap: bool = False
+    phase_policy: str = option("auto", "auto (batched on a GPU, alternate on CPU), alternate (each engine every "
+                               "step) or batched (Seesaw: long generator and PRM phases).", panel="Co-hosting")
+    prm_buffer_tokens: int = option(2048, "batched: switch to the PRM once this many uncached tokens wait for it.",
+                                    panel="Co-hosting")
+    generator_low_water: int = option(0, "batched: switch to the PRM once the generator has this few unfinished "
+                                      "sequences.", panel="Co-hosting")
+    generator_buffer_seqs: int = option(256, "batched: back to the generator once this many sequences wait for "
+                                        "it.", panel="Co-hosting")
+    overlap: bool = option(False, "Run the generator's and the PRM's forwards at the same time (a worker process "
+                           "each on CPU, a CUDA stream each on GPU).", panel="Co-hosting")
     # Launch each step's forwards before the searches woken by the last step run, so their
     # host work (search logic, score cache, grading) hides behind the device; their new
     # requests join the step after (docs/benchmarks/host.md).
-    hide_driver: bool = False
+    hide_driver: bool = option(False, "Launch each step's forwards before the search logic of the last step runs, "
+                               "hiding it behind the device.", panel="Co-hosting")
 
     def __post_init__(self) -> None:
         if self.hide_driver and self.overlap:
@@ -164,6 +191,7 @@ class CohostConfig:
 
 
 LINEAR_BACKENDS = ("auto", "streamed", "prepacked", "onednn", "torch")
+ATTENTION_BACKENDS = ("auto", "cpu", "torch", "triton")
 
 
 @dataclass(frozen=True)
@@ -173,22 +201,27 @@ class EngineConfig:
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     # Runtime level: how the co-hosted pair is stepped (an engine alone ignores it).
     cohost: CohostConfig = field(default_factory=CohostConfig)
-    device: str = "auto"  # "auto", "cpu", "cuda", "cuda:1", ..., "sim", "sim:COSTS.json"
-    attention_backend: str = "auto"  # "auto" (triton on CUDA, else cpu), "cpu", "torch", "triton"
+    device: str = option("auto", "auto, cpu, cuda, cuda:1 ..., or sim (sim:COSTS.json): a simulated device for "
+                         "host-overhead benchmarks.")
+    attention_backend: str = option("auto", "auto (the C++ kernel on CPU, triton on CUDA), cpu, torch or triton.",
+                                    panel="Kernels")
     seed: int = 0
     # Torch backend: run decodes in groups of similar context length rather than padding
     # the whole batch to its longest context.
-    group_decodes_by_length: bool = True
+    group_decodes_by_length: bool = option(True, "torch attention backend: decode in groups of similar context "
+                                           "length instead of padding to the longest.", panel="Kernels")
     # Sequences whose block tables share leading blocks attend to those blocks once, as one
     # batch of queries, and to their own blocks separately (cascade attention). None: the
     # backend's default: on in the cpu kernel (measured), off in triton (not yet measured on
     # a GPU).
-    cascade_attention: bool | None = None
+    cascade_attention: bool | None = option(None, "Shared-prefix (cascade) attention (default: on in the cpu "
+                                            "backend, off in triton).", panel="Kernels", flag="cascade")
     # CPU kernel on a bf16 cache: query x key and weight x value dot products two elements at
     # a time on AVX512-BF16 (vdpbf16ps) where the CPU has it, and the softmax weights (rounded
     # to bf16 for the value sum) from a coarser exp; off: each element converted to fp32
     # first, the exact exp.
-    attention_bf16_dot: bool = True
+    attention_bf16_dot: bool = option(True, "cpu backend, bf16 models: dot products on AVX512-BF16 where the CPU "
+                                      "has it, and a coarser softmax exp.", panel="Kernels")
     # The projections and the output layer on the CPU: "onednn" (oneDNN's JIT matmul, which
     # uses AVX-512 on AMD and Intel alike), "prepacked" (the same on weights reordered once
     # into oneDNN's blocked layout: a packed copy beside the module's, counted in the memory
@@ -196,18 +229,26 @@ class EngineConfig:
     # AVX512-BF16 kernel, executor/cpu/cpu_linear.py; other weights as prepacked), "torch"
     # (F.linear: MKL's sgemm for fp32, which takes a slower path on AMD CPUs), "auto" (onednn
     # where torch has it). GPUs use cuBLAS.
-    linear_backend: str = "auto"
+    linear_backend: str = option("auto", "CPU projections and output layer: auto (onednn where torch has it), "
+                                 "onednn, prepacked (oneDNN on weights reordered once: a packed copy in the memory "
+                                 "budget), streamed (bf16 models: tts's AVX512-BF16 kernel on weights packed once "
+                                 "into one stream), or torch (F.linear).", panel="Kernels")
     # CPU: RMSNorm, rotary embedding and the gated activation as one C++ pass each
     # (executor/cpu/cpu_layer_ops.py), rounding where torch's eager ops round; off: the eager ops,
     # bit-exact with HF.
-    cpu_fused_ops: bool = True
+    cpu_fused_ops: bool = option(True, "CPU: RMSNorm, rotary embedding and the gated activation as one C++ pass "
+                                 "each (off: torch's eager ops, bit-exact with HF).", panel="Kernels")
     # GPU execution switches, honoured on CUDA only (the CPU has cpu_fused_ops):
     # replay decode steps from CUDA graphs captured at padded batch sizes (triton backend),
     # and run RMSNorm, rotary embedding and the gated activation as fused Triton kernels.
-    cuda_graphs: bool = True
-    compile: bool = True
+    cuda_graphs: bool = option(True, "CUDA: replay decode steps from captured graphs.", panel="Kernels")
+    compile: bool = option(True, "CUDA: fused Triton kernels for RMSNorm, rotary embedding and the gated "
+                           "activation.", panel="Kernels", flag="fused_cuda_ops")
 
     def __post_init__(self) -> None:
+        if self.attention_backend not in ATTENTION_BACKENDS:
+            raise ConfigError(f"unknown attention backend '{self.attention_backend}'; choose "
+                              f"{', '.join(ATTENTION_BACKENDS)}")
         if self.linear_backend not in LINEAR_BACKENDS:
             raise ConfigError(f"unknown --linear-backend '{self.linear_backend}'; choose one of "
                               f"{', '.join(LINEAR_BACKENDS)}")

@@ -1,22 +1,27 @@
-"""The `tts` command line: searches on datasets, model listing and benchmarks.
+"""The `tts` command line (tts_runtime/cli/root.py builds it).
 
-Every command is registered with `command(parent, name)`, which prints a user mistake
-(any ConfigError) as one line `error: ...` with exit code 2 instead of a traceback.
-Adding a command is one decorated function; adding a group is one `add_typer` line.
+`main` is the console script: it imports the app (torch and the models' code, seconds) inside
+its own Ctrl-C handler, so an interrupt while starting is one line, not a traceback.
 """
 
 from __future__ import annotations
 
-import typer
-
-from tts_runtime.cli import memory, search
-from tts_runtime.cli.bench import bench_app
-from tts_runtime.cli.models import models_app
+import sys
+from typing import Any
 
 
-app = typer.Typer(name="tts", help="Test-time-compute search: PRM-guided beam search, best-of-N, DVTS.",
-                  no_args_is_help=True, add_completion=False, pretty_exceptions_show_locals=False)
-app.add_typer(models_app, name="models")
-app.add_typer(bench_app, name="bench")
-search.register(app)
-memory.register(app)
+def main() -> None:
+    try:
+        from tts_runtime.cli.root import app
+    except KeyboardInterrupt:
+        print("interrupted while starting", file=sys.stderr)
+        raise SystemExit(130) from None
+    app()
+
+
+def __getattr__(name: str) -> Any:
+    if name == "app":  # `from tts_runtime.cli import app` (tests, python -m)
+        from tts_runtime.cli.root import app
+
+        return app
+    raise AttributeError(name)

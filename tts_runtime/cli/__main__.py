@@ -1,5 +1,5 @@
 """`python -m tts_runtime.cli`: the `tts` command line."""
 
-from tts_runtime.cli import app
+from tts_runtime.cli import main
 
-app()
+main()

@@ -1,4 +1,4 @@
-"""What every `tts` command shares: `command` (one-line errors for user mistakes), defaults, option parsing."""
+"""What every `tts` command shares: `command` (one-line errors for user mistakes) and the console."""
 
 from __future__ import annotations
 
@@ -9,16 +9,8 @@ from typing import Any
 import typer
 from rich.console import Console
 
-from memory.split import MemoryConfig, parse_size
-from search.config import SearchConfig
-from tts_runtime.config import CohostConfig, ConfigError, SchedulerConfig, ThrottleConfig
+from tts_runtime.config import ConfigError
 from tts_runtime.executor.pipeline.pipeline import PipelineFailure
-
-DEFAULT_GENERATOR = "smollm2-135m-instruct"
-DEFAULT_PRM = "gemma3-270m"
-ATTENTION_BACKENDS = ("auto", "cpu", "torch", "triton")
-DTYPE_HELP = ("Both models' weights and activations: auto (bf16 on a GPU and on a CPU with AVX512-BF16, "
-              "else fp32), float32 (the parity reference), bfloat16 or float16.")
 
 console = Console(stderr=True)
 
@@ -36,28 +28,18 @@ def command(parent: typer.Typer, name: str, **options: Any) -> Callable[[Callabl
             except PipelineFailure as exc:  # the first line names the stage; a traceback may follow
                 typer.echo(f"error: {str(exc).splitlines()[0]}", err=True)
                 raise typer.Exit(1) from None
+            except KeyboardInterrupt:  # a search keeps its results and says so itself; this is the rest
+                typer.echo("interrupted", err=True)
+                raise typer.Exit(130) from None
         parent.command(name, **options)(run)
         return fn
     return register
 
 
-# -- search commands -----------------------------------------------------------------
-
-SEARCH = SearchConfig()
-SCHEDULER = SchedulerConfig()
-THROTTLE = ThrottleConfig()
-COHOST = CohostConfig()
-
-
-def parse_csv(text: str | None, what: str, cast: Callable[[str], Any]) -> set | None:
-    if text is None:
-        return None
-    try:
-        return {cast(item.strip()) for item in text.split(",") if item.strip()}
-    except ValueError:
-        raise ConfigError(f"--{what} takes a comma-separated list, e.g. 1,2,3; got '{text}'") from None
-
-
-def memory_config(device_memory: str | None, memory_split: float, memory_policy: str) -> MemoryConfig:
-    size = parse_size(device_memory) if device_memory else None
-    return MemoryConfig(device_memory=size, prm_fraction=memory_split, policy=memory_policy)
+def parse_names(text: str, what: str, known: tuple[str, ...]) -> list[str]:
+    """A comma-separated choice of `known` names (e.g. a benchmark's variants)."""
+    chosen = [name.strip() for name in text.split(",") if name.strip()]
+    unknown = [name for name in chosen if name not in known]
+    if unknown or not chosen:
+        raise ConfigError(f"--{what} takes a comma-separated list of {', '.join(known)}; got '{text}'")
+    return chosen

@@ -28,7 +28,7 @@ from memory.profile import MemoryProfile, ProfileCache, profile_model
 from memory.split import MemoryConfig, MemoryPlan, Workload, plan_memory
 from memory.thrash import ThrashTracker
 from tts_runtime.cohost.stats import CohostCounters, EngineCounters
-from tts_runtime.config import (CohostConfig, ConfigError, EngineConfig, ModelSpec, ParallelConfig, resolve_device,
+from tts_runtime.config import (CacheConfig, CohostConfig, ConfigError, EngineConfig, ModelSpec, ParallelConfig, resolve_device,
                                 resolve_dtype, resolve_phase_policy)
 from tts_runtime.cohost.overlap import OverlapStepper, StreamExecutor, worker_group, worker_threads
 from tts_runtime.cohost.phases import GENERATOR, PRM, PhaseScheduler
@@ -118,6 +118,17 @@ def check_cohost(backend: str, memory_policy: str, cohost: CohostConfig) -> None
                           "policy's KV pool lives in this process: use --memory-policy static or auto")
 
 
+def check_host_tier(cache: CacheConfig, backend: str, cohost: CohostConfig) -> None:
+    """The host KV tier copies blocks of KV held in this process: one-line errors where it is not."""
+    if not cache.host_kv_bytes:
+        return
+    if backend != "native":
+        raise ConfigError("--host-kv-memory is a native-engine feature; drop it with --backend vllm")
+    if cohost.overlap:
+        raise ConfigError("--host-kv-memory needs the KV cache in this process; --overlap moves each model's "
+                          "forward (and KV) to a worker: drop one of the two")
+
+
 class Runtime:
     def __init__(self, generator: ModelSpec | str | LoadedModel, prm: ModelSpec | str | LoadedModel,
                  memory: MemoryConfig | None = None, engine_config: EngineConfig | None = None, *,
@@ -138,6 +149,7 @@ class Runtime:
         self.memory = memory or MemoryConfig()
         check_backend(backend, self.memory.policy)
         check_cohost(backend, self.memory.policy, self.engine_config.cohost)
+        check_host_tier(self.engine_config.cache, backend, self.engine_config.cohost)
         dev = resolve_device(self.engine_config.device)
         self.cohost = replace(self.engine_config.cohost, phase_policy=resolve_phase_policy(
             self.engine_config.cohost.phase_policy, dev, backend))

@@ -5,11 +5,13 @@ from __future__ import annotations
 import json
 import os
 import re
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from search.problem import Problem
 from tts_runtime.config import ConfigError
+from tts_runtime.options import comma_list, option
 
 KNOWN_DATASETS = ("math500",)
 _MATH500_HUB_ID = "HuggingFaceH4/MATH-500"
@@ -18,6 +20,30 @@ _MATH500_RELATIVE = Path("math500") / "test.jsonl"
 
 class DatasetError(ConfigError):
     """A dataset that cannot be found or read; the CLI prints it as one line."""
+
+
+@dataclass(frozen=True)
+class DatasetConfig:
+    """Which problems a run solves."""
+
+    dataset: str = option("math500", "'math500' or a JSONL file with problem/answer fields.")
+    dataset_path: str | None = option(None, "Local MATH-500 copy (file or folder).", panel="Dataset")
+    limit: int | None = option(None, "Only the first N problems.")
+    levels: tuple[int, ...] | None = option(None, "Only these levels, e.g. 1,2.", panel="Dataset",
+                                            parse=comma_list(int, "levels"))
+    ids: tuple[str, ...] | None = option(None, "Only these problem ids, comma-separated.", panel="Dataset",
+                                         parse=comma_list(str, "ids"))
+
+    def __post_init__(self) -> None:
+        if self.ids == ():
+            raise DatasetError("--ids is empty; give problem ids, e.g. --ids test/algebra/1.json, or leave it out")
+        if self.levels == ():
+            raise DatasetError("--levels is empty; give levels, e.g. --levels 1,2, or leave it out")
+
+    def load(self) -> list[Problem]:
+        return load_problems(self.dataset, dataset_path=self.dataset_path, limit=self.limit,
+                             levels=set(self.levels) if self.levels else None,
+                             ids=set(self.ids) if self.ids else None)
 
 
 def load_problems(

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
 from search.config import SearchConfig
@@ -21,9 +21,10 @@ from search.sal_outputs import accuracy_at_k, completions_file, sal_row
 from search.score_cache import ScoreCache
 from search.session import prm_format_name
 from tts_runtime.cohost.runtime import Runtime
-from tts_runtime.config import ConfigError
+from tts_runtime.config import ConfigError, resolve_device, resolve_dtype
 from tts_runtime.runs.environment import environment
 from tts_runtime.runs.metrics import RunCounters, run_metrics
+from tts_runtime.runs.run_config import RunConfig
 from tts_runtime.runs.run_folder import RunFolder, RunFolderWriteError
 
 
@@ -45,22 +46,16 @@ def check_models(runtime: Runtime, config: SearchConfig) -> None:
     check_prm_head(prm_format_name(config, prm), prm, runtime.prm.arch.has_reward_head)
 
 
-def run_config(runtime: Runtime, config: SearchConfig, dataset: dict[str, Any],
-               command: Sequence[str]) -> dict[str, Any]:
-    """Everything needed to reproduce the run (after checking the models fit it)."""
-    check_models(runtime, config)
+def run_record(run: RunConfig, command: Sequence[str]) -> dict[str, Any]:
+    """config.json: the run configuration (what `--config` reads back), what it resolves to
+    on this machine, the machine and versions, and the command line. Built before any model
+    loads, so a resume that does not match is refused at once."""
+    device = resolve_device(run.engine.device)
     return {
-        "method": config.method,
-        "search": config.to_dict(),
-        "models": {"generator": runtime.generator.spec.model, "prm": runtime.prm.spec.model,
-                   "prm_format": prm_format_name(config, runtime.prm.spec.model),
-                   "dtypes": {"generator": str(runtime.generator.dtype), "prm": str(runtime.prm.dtype)}},
-        "dataset": dataset,
-        "seeds": {"search": config.seed, "engine": runtime.engine_config.seed},
-        "backend": runtime.backend_info,
-        "memory": {"config": vars(runtime.memory), "plan": runtime.plan.to_dict()},
-        "cohost": asdict(runtime.cohost),
-        **environment(runtime.generator.device),
+        **run.to_dict(),
+        "resolved": {"dtype": str(resolve_dtype(run.models.dtype, device)),
+                     "prm_format": prm_format_name(run.search, run.models.prm)},
+        **environment(device),
         "command": list(command),
     }
 

@@ -34,7 +34,7 @@ from tts_runtime.config import EngineConfig, ModelSpec
 from tts_runtime.runs.datasets import Problem
 from tts_runtime.runs.metrics import EngineCounters, RunCounters, run_metrics
 from tts_runtime.runs.ray_pool import ReplicaInfo, ReplicaPool, WorkItem, ray_cluster
-from tts_runtime.runs.run import RunOutcome, failed_metrics, run_config, split_finished
+from tts_runtime.runs.run import RunOutcome, check_models, failed_metrics, split_finished
 from tts_runtime.runs.run_folder import RunFolder
 from tts_runtime.runs.scale_config import ScaleOut
 
@@ -99,8 +99,9 @@ class SearchReplica:
         [result] = await arun_search(self.stepping, [problem], self.config, cache=self.cache)
         return result
 
-    def describe(self, dataset: dict[str, Any], command: Sequence[str]) -> dict[str, Any]:
-        return run_config(self.runtime, self.config, dataset, command)
+    def check(self) -> None:
+        """One-line errors for models that cannot play their part (run.check_models)."""
+        check_models(self.runtime, self.config)
 
     def report(self) -> tuple[RunCounters, dict[str, Any]]:
         """Work done since this replica started (a restarted one counts from its restart)
@@ -118,8 +119,7 @@ def _sum_counters(counters: Sequence[RunCounters]) -> RunCounters:
 
 
 def run_scaled(spec: ReplicaSpec, problems: Sequence[Problem], config: SearchConfig, folder: RunFolder,
-               scale: ScaleOut, *, dataset: dict[str, Any], command: Sequence[str],
-               on_start: Callable[[ReplicaPool, int], None] | None = None,
+               scale: ScaleOut, *, on_start: Callable[[ReplicaPool, int], None] | None = None,
                on_result: Callable[[ProblemResult], None] | None = None) -> RunOutcome:
     """Solve the problems not yet in `folder` on `scale.replicas` replicas; `on_start` sees
     the pool (ready) and how many problems are left, `on_result` each result as it lands."""
@@ -134,7 +134,7 @@ def run_scaled(spec: ReplicaSpec, problems: Sequence[Problem], config: SearchCon
             started = time.perf_counter()
             pool.wait_ready()
             startup = time.perf_counter() - started
-            folder.write_config({**pool.call_one("describe", dataset, list(command)), "scaleout": scale.to_dict()})
+            pool.call_one("check")
             if on_start is not None:
                 on_start(pool, len(todo))
             start = time.perf_counter()

@@ -1,0 +1,113 @@
+"""Commands whose options are the run configuration's fields.
+
+`config_command` registers `fn(run: RunConfig, **knobs)`: the typer options are generated from
+RunConfig's option fields (tts_runtime/options.py: name, type, default, help, panel), plus
+`--config FILE`, plus fn's own parameters (a benchmark's rounds, variants ...). A value comes
+from, last one winning: the field's default (or the command's `defaults`), the config file,
+the command line. The RunConfig is validated before fn runs.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Annotated, Any, Optional
+
+import typer
+from click.core import ParameterSource
+
+from tts_runtime.cli.common import command
+from tts_runtime.config import ConfigError
+from tts_runtime.options import OptionField, option_fields, option_values, with_options
+from tts_runtime.runs.config_file import read_config_file
+from tts_runtime.runs.run_config import RunConfig
+
+# Panels in --help, after the common options (those without a panel).
+PANELS = ("Search details", "Dataset", "Models", "Memory", "Engine", "Scheduler", "Co-hosting", "Kernels",
+          "Pipeline", "Scale-out (Ray)")
+_CONFIG_HELP = ("YAML or JSON file of options (keys: option names, or a run folder's config.json); "
+                "options given on the command line override it.")
+
+
+def config_command(parent: typer.Typer, name: str, *, only: Iterable[str] | None = None,
+                   defaults: dict[str, Any] | None = None, fixed: dict[str, Any] | None = None,
+                   ) -> Callable[[Callable], Callable]:
+    """Register `fn(run, **knobs)` as `parent`'s command `name`.
+
+    `only`: the option fields this command takes (default: all); `defaults`: the command's own
+    defaults for some of them; `fixed`: values the command sets and the user cannot (a
+    config file that sets them otherwise is an error)."""
+    fixed = fixed or {}
+    base = with_options(RunConfig(), {**(defaults or {}), **fixed})
+    fields = option_fields(RunConfig)
+    chosen = [fields[flag] for flag in (only if only is not None else fields) if flag not in fixed]
+    chosen.sort(key=lambda spec: -1 if spec.spec.panel is None else PANELS.index(spec.spec.panel))
+    shown = option_values(base)
+
+    def register(fn: Callable) -> Callable:
+        knobs = list(inspect.signature(fn, eval_str=True).parameters.values())[1:]
+
+        def run(ctx: typer.Context, config: Optional[Path] = None, **values: Any) -> Any:
+            own = {knob.name: values.pop(knob.name) for knob in knobs}
+            given = {flag: value for flag, value in values.items()
+                     if ctx.get_parameter_source(flag) not in (ParameterSource.DEFAULT, None)}
+            return fn(compose(base, config, given, {spec.flag for spec in chosen}, fixed), **own)
+
+        parameters = [inspect.Parameter("ctx", inspect.Parameter.KEYWORD_ONLY, annotation=typer.Context),
+                      inspect.Parameter("config", inspect.Parameter.KEYWORD_ONLY, default=None,
+                                        annotation=Annotated[Optional[Path], typer.Option(help=_CONFIG_HELP)])]
+        parameters += [_parameter(spec, shown[spec.flag]) for spec in chosen]
+        parameters += [knob.replace(kind=inspect.Parameter.KEYWORD_ONLY) for knob in knobs]
+        run.__signature__ = inspect.Signature(parameters)  # type: ignore[attr-defined]
+        run.__doc__ = fn.__doc__
+        run.__name__ = fn.__name__
+        command(parent, name)(run)
+        return fn
+    return register
+
+
+def compose(base: RunConfig, config_file: Path | None, given: dict[str, Any], allowed: set[str],
+            fixed: dict[str, Any]) -> RunConfig:
+    """The command's RunConfig: `base` (defaults and fixed values), then the config file's
+    options, then the ones given on the command line; validated."""
+    from_file = read_config_file(config_file) if config_file is not None else {}
+    _check_fixed(from_file, fixed, config_file)
+    from_file = {flag: value for flag, value in from_file.items() if flag not in fixed}
+    settings = with_options(base, {**_take(from_file, allowed, config_file), **given})
+    settings.validate()
+    return settings
+
+
+def _parameter(spec: OptionField, default: Any) -> inspect.Parameter:
+    """The typer parameter of one option field; parsed fields (sizes, lists) take text."""
+    kind = spec.type
+    if spec.spec.parse is not None:
+        kind = Optional[str]
+        default = _as_text(default)
+    option = typer.Option(help=spec.spec.help, rich_help_panel=spec.spec.panel)
+    return inspect.Parameter(spec.flag, inspect.Parameter.KEYWORD_ONLY, default=default,
+                             annotation=Annotated[kind, option])
+
+
+def _as_text(value: Any) -> str | None:
+    if value is None:
+        return None
+    if isinstance(value, tuple):
+        return ",".join(map(str, value))
+    return str(value)
+
+
+def _check_fixed(from_file: dict[str, Any], fixed: dict[str, Any], source: Path | None) -> None:
+    for flag, value in fixed.items():
+        if flag in from_file and from_file[flag] != value:
+            raise ConfigError(f"--config {source} sets {flag} to {from_file[flag]!r}, which this command fixes at "
+                              f"{value!r}; use the command for {from_file[flag]!r} or drop the key")
+
+
+def _take(from_file: dict[str, Any], allowed: set[str], source: Path | None) -> dict[str, Any]:
+    """The file's options this command takes; others are an error, not silently dropped."""
+    foreign = sorted(set(from_file) - allowed)
+    if foreign:
+        raise ConfigError(f"--config {source}: this command takes no {', '.join(foreign)}")
+    return from_file
