@@ -29,6 +29,7 @@ from tts_runtime.engine.engine import Engine
 from tts_runtime.engine.request import SamplingParams
 from tts_runtime.models.loader import LoadedModel, load_model
 from tts_runtime.runs.datasets import load_problems
+from tts_runtime.models.registry import DEFAULT_GENERATOR
 
 # The tts variants: (label, what it measures, engine switches, the dtypes it runs at: "first"
 # (the first of --dtypes only), "all", or "bfloat16").
@@ -58,7 +59,7 @@ TTS_VARIANTS = (
 
 @dataclass(frozen=True)
 class BeamBenchConfig:
-    generator: str = "smollm2-135m-instruct"
+    generator: str = DEFAULT_GENERATOR
     prompts: int = 4
     n: int = 4
     prompt_tokens: int = 1500

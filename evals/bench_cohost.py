@@ -36,6 +36,7 @@ from tts_runtime.config import CohostConfig, EngineConfig, SchedulerConfig
 from tts_runtime.engine.forward_costs import widest_forward_seconds
 from tts_runtime.models.loader import LoadedModel
 from tts_runtime.runs.metrics import EngineCounters, speculation
+from tts_runtime.models.registry import DEFAULT_GENERATOR, DEFAULT_PRM
 
 BASELINE = "alternate"
 
@@ -67,8 +68,8 @@ class CohostBench:
     config: SearchConfig
     limit: int = 20
     rounds: int = 2
-    generator: str = "smollm2-135m-instruct"
-    prm: str = "gemma3-270m"
+    generator: str = DEFAULT_GENERATOR
+    prm: str = DEFAULT_PRM
     dataset_path: str | None = None
     memory: MemoryConfig = field(default_factory=MemoryConfig)
     device: str = "auto"

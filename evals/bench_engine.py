@@ -24,12 +24,13 @@ from tts_runtime.engine.engine import Engine
 from tts_runtime.engine.request import SamplingParams
 from tts_runtime.models.loader import LoadedModel, load_model
 from tts_runtime.runs.datasets import load_problems
+from tts_runtime.models.registry import DEFAULT_GENERATOR, DEFAULT_PRM
 
 
 @dataclass(frozen=True)
 class EngineBenchConfig:
-    generator: str = "smollm2-135m-instruct"
-    prm: str = "gemma3-270m"
+    generator: str = DEFAULT_GENERATOR
+    prm: str = DEFAULT_PRM
     num_prompts: int = 64
     new_tokens: int = 128
     beams: int = 16

@@ -36,6 +36,7 @@ from tts_runtime.engine.host_times import PHASES
 from tts_runtime.executor.sim import shared_device
 from tts_runtime.models.loader import LoadedModel, load_model
 from tts_runtime.runs.datasets import load_problems
+from tts_runtime.models.registry import DEFAULT_GENERATOR, DEFAULT_PRM
 
 # The H100 run's plan (docs/benchmarks/cohost_gpu.md): its measured budget, static split.
 H100_BUDGET = 85_520_809_984
@@ -46,8 +47,8 @@ class HostBench:
     limits: Sequence[int] = (20, 100)
     problem_batches: Sequence[int] = (16, 64)
     device: str = "sim"
-    generator: str = "smollm2-135m-instruct"
-    prm: str = "gemma3-270m"
+    generator: str = DEFAULT_GENERATOR
+    prm: str = DEFAULT_PRM
     config: SearchConfig = field(default_factory=SearchConfig)
     memory: MemoryConfig = field(default_factory=lambda: MemoryConfig(device_memory=H100_BUDGET,
                                                                       prm_fraction=0.3, policy="static"))

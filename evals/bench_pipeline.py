@@ -41,6 +41,7 @@ from tts_runtime.executor.pipeline.stage_messages import TraceDump
 from tts_runtime.models.loader import LoadedModel, load_model
 from tts_runtime.runs.datasets import load_problems
 from tts_runtime.runs.environment import machine_info
+from tts_runtime.models.registry import DEFAULT_GENERATOR, DEFAULT_PRM
 
 WORKLOADS = ("generate", "score", "search")
 
@@ -85,8 +86,8 @@ SWITCH_VARIANTS = tuple(v.label for v in VARIANTS[4:])
 
 @dataclass(frozen=True)
 class PipelineBenchConfig:
-    generator: str = "smollm2-135m-instruct"
-    prm: str = "gemma3-270m"
+    generator: str = DEFAULT_GENERATOR
+    prm: str = DEFAULT_PRM
     num_prompts: int = 32
     new_tokens: int = 64
     beams: int = 16

@@ -31,6 +31,7 @@ from tts_runtime.config import EngineConfig, ModelSpec, ParallelConfig
 from tts_runtime.runs.datasets import load_problems
 from tts_runtime.runs.environment import environment
 from tts_runtime.runs.metrics import EngineCounters, RunCounters, accuracy, throughput
+from tts_runtime.models.registry import DEFAULT_GENERATOR, DEFAULT_PRM
 
 _ZERO = RunCounters(EngineCounters(), EngineCounters(), 0, 0)
 _BATCH_ONE = "tts-batch-1"
@@ -50,8 +51,8 @@ _ROWS = (
 class SearchBench:
     config: SearchConfig = field(default_factory=lambda: SearchConfig(method="beam", n=4, beam_width=4))
     limit: int = 20
-    generator: str = "smollm2-135m-instruct"
-    prm: str = "gemma3-270m"
+    generator: str = DEFAULT_GENERATOR
+    prm: str = DEFAULT_PRM
     dtype: str = "auto"  # every side's weights and activations (tts_runtime.config.resolve_dtype)
     dataset_path: str | None = None
     memory: MemoryConfig = field(default_factory=MemoryConfig)

@@ -28,6 +28,7 @@ from search.problem import Problem
 from tts_runtime.cohost.runtime import Runtime
 from tts_runtime.config import EngineConfig
 from tts_runtime.models.loader import LoadedModel
+from tts_runtime.models.registry import DEFAULT_GENERATOR, DEFAULT_PRM
 
 OFF, ON = "off", "on"
 
@@ -37,8 +38,8 @@ class SpeculationBench:
     config: SearchConfig  # speculative_extension is set per variant; speculative_max_tokens is kept
     limit: int = 20
     rounds: int = 2
-    generator: str = "smollm2-135m-instruct"
-    prm: str = "gemma3-270m"
+    generator: str = DEFAULT_GENERATOR
+    prm: str = DEFAULT_PRM
     dataset_path: str | None = None
     memory: MemoryConfig = field(default_factory=MemoryConfig)
     device: str = "auto"

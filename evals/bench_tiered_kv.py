@@ -30,6 +30,7 @@ from search.problem import Problem
 from tts_runtime.cohost.runtime import GENERATOR, PRM, Runtime
 from tts_runtime.config import CacheConfig, EngineConfig, SchedulerConfig
 from tts_runtime.models.loader import LoadedModel
+from tts_runtime.models.registry import DEFAULT_GENERATOR, DEFAULT_PRM
 
 BASELINE = "tier off"
 VARIANTS: dict[str, tuple[bool, bool]] = {  # label: (host tier, prefix-aware order)
@@ -48,8 +49,8 @@ class TieredKVBench:
     limit: int = 4
     rounds: int = 3
     prefetch: bool = True
-    generator: str = "smollm2-135m-instruct"
-    prm: str = "gemma3-270m"
+    generator: str = DEFAULT_GENERATOR
+    prm: str = DEFAULT_PRM
     dataset_path: str | None = None
     device: str = "auto"
     variants: tuple[str, ...] = field(default_factory=lambda: tuple(VARIANTS))

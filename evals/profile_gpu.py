@@ -27,6 +27,7 @@ from tts_runtime.config import CacheConfig, ConfigError, EngineConfig, Scheduler
 from tts_runtime.engine.engine import Engine
 from tts_runtime.engine.request import SamplingParams, ScoreParams
 from tts_runtime.models.loader import load_model
+from tts_runtime.models.registry import DEFAULT_PRM
 
 _PROMPT_VOCAB = 32000  # random ids below every demo and seed tokenizer's special tokens
 
@@ -133,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--decode-model", default="dummy:llama-3.2-1b")
     parser.add_argument("--batch", type=int, default=256)
     parser.add_argument("--context", type=int, default=512)
-    parser.add_argument("--score-models", nargs="+", default=["gemma3-270m", "dummy:llama-3.1-8b"])
+    parser.add_argument("--score-models", nargs="+", default=[DEFAULT_PRM, "dummy:llama-3.1-8b"])
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         raise SystemExit("error: evals.profile_gpu needs a CUDA GPU; torch sees none")

@@ -19,6 +19,7 @@ import json
 from collections import Counter
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from tts_runtime.models.registry import DEFAULT_GENERATOR
 
 DEFAULT_PROFILE = Path(__file__).with_name("sim_profile.json")
 # Ordinary tokens kept: the most frequent ones of the run's steps.
@@ -103,7 +104,7 @@ def record_profile(results: Path, tokenizer, model: str) -> SimProfile:
 def main() -> None:
     parser = argparse.ArgumentParser(description="Record a simulated generator's profile from a run.")
     parser.add_argument("results", type=Path, help="a run folder's results.jsonl")
-    parser.add_argument("--model", default="smollm2-135m-instruct", help="the run's generator")
+    parser.add_argument("--model", default=DEFAULT_GENERATOR, help="the run's generator")
     parser.add_argument("--out", type=Path, default=DEFAULT_PROFILE)
     args = parser.parse_args()
     from tts_runtime.models.loader import load_tokenizer, model_folder

