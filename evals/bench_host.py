@@ -3,7 +3,7 @@ H100 (`--device sim`, executor/sim.py).
 
 Beam search with search-and-learn's settings (search/config.py: n=4, M=4, 40 iterations,
 2048-token steps) on the first K MATH-500 problems at problem batch B, the H100 run's memory
-plan (85.5 GB, static, PRM 0.3) and phase policy (batched). Reports per configuration:
+plan (85.5 GB, the default static split) and phase policy (batched). Reports per configuration:
 problems/min; the ceiling (every forward back to back: the sum of the simulated forwards'
 costs); the device's and each engine's busy fraction; host milliseconds per engine step by
 phase (engine/host_times.py); and outside the engines, the runtime's own stepping, the search
@@ -50,8 +50,8 @@ class HostBench:
     generator: str = DEFAULT_GENERATOR
     prm: str = DEFAULT_PRM
     config: SearchConfig = field(default_factory=SearchConfig)
-    memory: MemoryConfig = field(default_factory=lambda: MemoryConfig(device_memory=H100_BUDGET,
-                                                                      prm_fraction=0.3, policy="static"))
+    # The H100 run's plan: the default static split.
+    memory: MemoryConfig = field(default_factory=lambda: MemoryConfig(device_memory=H100_BUDGET))
     phase_policy: str = "batched"
     # Variants run side by side, alternating, `rounds` times: the driver hidden behind the
     # forwards (CohostConfig.hide_driver) off and/or on.

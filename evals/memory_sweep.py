@@ -38,7 +38,8 @@ import sys
 import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Optional
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import torch
 import typer
@@ -48,19 +49,19 @@ from evals.memory_plots import plot_hit_rate, plot_sweep, plot_throughput
 from evals.shifting_workload import WorkloadPhase, workload_phases
 from memory.profile import MemoryProfile, format_bytes
 from memory.split import POLICIES, MemoryConfig, Workload
-from tts_runtime.options import parse_size
 from search.config import SearchConfig
 from search.driver import run_search
 from search.prm import make_prm_format
 from search.prm_detect import detect_prm_format
 from search.prompts import PromptBuilder
 from tts_runtime.cohost.runtime import Runtime, check_backend, profile_models
-from tts_runtime.config import CacheConfig, ConfigError, EngineConfig, SchedulerConfig, resolve_device, resolve_dtype
+from tts_runtime.config import ConfigError, EngineConfig, resolve_device, resolve_dtype
 from tts_runtime.engine.engine import RequestError
 from tts_runtime.executor.device_memory import return_freed_host_memory
 from tts_runtime.models.loader import LoadedModel, load_model
-from tts_runtime.runs.datasets import Problem, load_problems
+from tts_runtime.runs.datasets import Problem
 from tts_runtime.runs.environment import machine_info
+from tts_runtime.runs.run_config import RunConfig
 from tts_runtime.runs.scale_config import ScaleOut
 
 if TYPE_CHECKING:
@@ -514,87 +515,50 @@ def _command_line() -> str:
     return shlex.join(["tts", *argv[1:]] if Path(argv[0]).name == "tts" else ["tts", "sweep-memory", *argv[1:]])
 
 
-def sweep_memory(
-    splits: Annotated[str, typer.Option(help="static PRM fractions: start:stop:step or a comma list")] = "0.1:0.9:0.1",
-    policies: Annotated[Optional[str], typer.Option(help="comma list of static, auto, elastic "
-                                                    "(default all three; static,auto with --backend vllm)")] = None,
-    dataset: Annotated[str, typer.Option(help="math500 or a JSONL file")] = "math500",
-    dataset_path: Annotated[Optional[str], typer.Option(help="local copy of the dataset")] = None,
-    limit: Annotated[int, typer.Option(help="first K problems")] = 4,
-    generator: Annotated[str, typer.Option(help="generator model")] = "smollm2-135m-instruct",
-    prm: Annotated[str, typer.Option(help="PRM model")] = "gemma3-270m",
-    dtype: Annotated[str, typer.Option(help="auto, float32, bfloat16, float16")] = "auto",
-    device: Annotated[str, typer.Option(help="auto, cpu, cuda, cuda:N")] = "auto",
-    device_memory: Annotated[Optional[str], typer.Option(help="memory budget, e.g. 6GiB (CPU: required to be tight)")] = None,
-    utilization: Annotated[float, typer.Option(help="fraction of the budget the runtime may use")] = 0.9,
-    method: Annotated[str, typer.Option(help="search method: beam, bon, dvts")] = "beam",
-    n: Annotated[int, typer.Option(help="beams / samples")] = 4,
-    beam_width: Annotated[int, typer.Option(help="beam width M")] = 4,
-    num_iterations: Annotated[int, typer.Option(help="search iterations")] = 40,
-    max_step_tokens: Annotated[int, typer.Option(help="tokens per step")] = 256,
-    temperature: Annotated[float, typer.Option(help="sampling temperature")] = 0.8,
-    problem_batch: Annotated[int, typer.Option(help="searches in flight at once")] = 1,
-    prm_format: Annotated[Optional[str], typer.Option(help="PRM input format (default: the PRM's own)")] = None,
-    seed: Annotated[int, typer.Option(help="search seed")] = 42,
-    max_num_batched_tokens: Annotated[int, typer.Option(help="engine token budget per step")] = 2048,
-    host_kv_memory: Annotated[str, typer.Option(help="host KV tier per model, e.g. 2GiB (0: off)")] = "0",
-    repeats: Annotated[int, typer.Option(help="round-robin repeats; numbers are medians (a setting that cannot run is run once)")] = 1,
-    out: Annotated[Optional[Path], typer.Option(help="sweep folder (default runs/sweep-<time>)")] = None,
-    markdown: Annotated[Optional[Path], typer.Option(help="also write a benchmark report here")] = None,
-    replicas: Annotated[Optional[int], typer.Option(help="run the settings side by side on N Ray replicas")] = None,
-    ray_address: Annotated[Optional[str], typer.Option(help="join this Ray cluster (default: a local one)")] = None,
-    threads_per_replica: Annotated[int, typer.Option(help="torch threads (and Ray CPUs) per replica")] = 1,
-    backend: Annotated[str, typer.Option(help="native (our engine) or vllm (both models on vLLM engines, "
-                                              "static and auto splits)")] = "native",
-    workload_kind: Annotated[str, typer.Option("--workload", help="steady (the search on every problem) or "
-                                               "shifting (half the problems generator-heavy best-of-N, then "
-                                               "half PRM-heavy beam search; evals/shifting_workload.py)")]
-    = "steady",
-) -> None:
+@dataclass(frozen=True)
+class SweepPlan:
+    """What the sweep varies and repeats, beside the run configuration it varies it on."""
+
+    splits: str = "0.1:0.9:0.1"  # static PRM fractions: start:stop:step or a comma list
+    policies: str | None = None  # None: static, auto, elastic (static, auto on vLLM)
+    repeats: int = 1
+    markdown: Path | None = None  # also write a benchmark report here
+    workload: str = "steady"  # or "shifting" (evals/shifting_workload.py)
+
+
+def sweep_memory(run: RunConfig, plan: SweepPlan, echo: Callable[[str], None] = print) -> None:
     """Run one search workload at many memory splits and policies; write sweep.csv/json and plots."""
-    if policies is None:
-        policies = "static,auto" if backend == "vllm" else "static,auto,elastic"
+    policies = plan.policies or ("static,auto" if run.backend == "vllm" else "static,auto,elastic")
     chosen = [p.strip() for p in policies.split(",") if p.strip()]
-    settings = settings_for(parse_splits(splits), chosen)
-    if backend != "native" and (replicas is not None or ray_address is not None):
-        raise ConfigError("--backend vllm runs in this process; Ray replicas (--replicas, --ray-address) "
-                          "serve the native engine")
-    check_backend(backend, "elastic" if "elastic" in chosen else "static")
-    search = SearchConfig(method=method, n=n, beam_width=beam_width, num_iterations=num_iterations,
-                          max_step_tokens=max_step_tokens, temperature=temperature, problem_batch=problem_batch,
-                          prm_format=prm_format, seed=seed,
-                          # Every iteration a step, the last one too: the workload the memory benchmark measures.
-                          eos_sampling=False)
-    memory = MemoryConfig(device_memory=parse_size(device_memory) if device_memory else None,
-                          utilization=utilization)
-    engine_config = EngineConfig(device=device, scheduler=SchedulerConfig(max_num_batched_tokens=max_num_batched_tokens),
-                                 cache=CacheConfig(host_kv_bytes=parse_size(host_kv_memory)))
-    if repeats < 1:
-        raise ConfigError(f"repeats must be >= 1, got {repeats}")
+    settings = settings_for(parse_splits(plan.splits), chosen)
+    check_backend(run.backend, "elastic" if "elastic" in chosen else "static")
+    if plan.repeats < 1:
+        raise ConfigError(f"repeats must be >= 1, got {plan.repeats}")
+    search, memory, engine_config, backend = run.search, run.memory, run.engine, run.backend
+    generator, prm, dtype, device = run.models.generator, run.models.prm, run.models.dtype, run.engine.device
+    repeats = plan.repeats
     parallel = None
-    if replicas is not None or ray_address is not None:
-        scale = ScaleOut(replicas=1 if replicas is None else replicas, address=ray_address,
-                         threads_per_replica=threads_per_replica,
-                         gpus_per_replica=int(resolve_device(device).type == "cuda"))
+    scale = run.scale.scale_out(device)
+    if scale is not None:
         parallel = SweepParallel(scale, generator, prm, dtype)
-    problems = load_problems(dataset, dataset_path=dataset_path, limit=limit)
-    phases = workload_phases(workload_kind, problems, search)
+    problems = run.dataset.load()
+    phases = workload_phases(plan.workload, problems, search)
     dev = resolve_device(device)
-    typer.echo(f"loading {generator} and {prm} ...")
+    echo(f"loading {generator} and {prm} ...")
     gen_loaded = load_model(generator, resolve_dtype(dtype, dev), dev)
     prm_loaded = load_model(prm, resolve_dtype(dtype, dev), dev)
-    typer.echo("profiling memory (cached after the first time) ...")
+    echo("profiling memory (cached after the first time) ...")
     models = SweepModels(gen_loaded, prm_loaded, profile_models(gen_loaded, prm_loaded, engine_config))
     workload = search_workload(search, problems, gen_loaded, prm_loaded)
-    typer.echo(f"{len(settings)} settings x {repeats} repeat(s) on {len(problems)} problems")
+    echo(f"{len(settings)} settings x {repeats} repeat(s) on {len(problems)} problems")
     if parallel is not None:
-        typer.echo(f"running the settings on {parallel.scale.replicas} Ray replica(s)")
+        echo(f"running the settings on {parallel.scale.replicas} Ray replica(s)")
     result = run_sweep(settings, models, phases, memory, engine_config, workload, repeats,
                        parallel=parallel, backend=backend)
     first = next(iter(result.metrics.values()))["plan"]
     header = {
         "command": _command_line(),
-        "machine": machine_info(), "generator": generator, "prm": prm, "dataset": dataset, "backend": backend,
+        "machine": machine_info(), "generator": generator, "prm": prm, "dataset": run.dataset.dataset, "backend": backend,
         "problems": len(problems), "repeats": repeats, "search": search.to_dict(),
         "workload_phases": [{"phase": p.name, "problems": len(p.problems), "search": p.search.to_dict()}
                             for p in phases],
@@ -603,12 +567,12 @@ def sweep_memory(
         "profiles": [p.to_dict() for p in models.profiles],
         "workload": asdict(workload),
     }
-    out_dir = out or Path("runs") / time.strftime("sweep-%Y%m%d-%H%M%S")
+    out_dir = Path(run.out) if run.out else Path("runs") / time.strftime("sweep-%Y%m%d-%H%M%S")
     plots = write_outputs(result, out_dir, header)
-    typer.echo(format_table(result.rows))
+    echo(format_table(result.rows))
     summary = result.summary
     ratios = "; ".join(f"{k.split('_')[0]} {v:.3f}x best static" for k, v in summary.items() if k.endswith("_vs_best_static"))
-    typer.echo(f"best: {summary['best']} ({summary['best_problems_per_s']:.4f} problems/s)" + (f"; {ratios}" if ratios else ""))
-    if markdown is not None:
-        typer.echo(f"report: {write_markdown(result, header, plots, markdown)}")
-    typer.echo(f"wrote {out_dir / 'sweep.csv'}, {out_dir / 'sweep.json'} and {len(plots)} plots")
+    echo(f"best: {summary['best']} ({summary['best_problems_per_s']:.4f} problems/s)" + (f"; {ratios}" if ratios else ""))
+    if plan.markdown is not None:
+        echo(f"report: {write_markdown(result, header, plots, plan.markdown)}")
+    echo(f"wrote {out_dir / 'sweep.csv'}, {out_dir / 'sweep.json'} and {len(plots)} plots")

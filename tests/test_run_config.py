@@ -128,3 +128,8 @@ def test_tts_beam_runs_a_config_file_and_its_run_folder_reruns_from_config_json(
             for folder in (first, second)]
     assert rows[0] == rows[1]
     assert json.loads((second / "config.json").read_text())["search"] == config["search"]
+    # A resume that would change results is refused before any model loads.
+    changed = subprocess.run([*base, "--config", str(recipe), "--seed", "8", "--out", str(first), "--resume"],
+                             capture_output=True, text=True, timeout=300)
+    assert changed.returncode == 2 and "loading" not in changed.stderr
+    assert changed.stderr.strip().splitlines()[-1].startswith(f"error: cannot resume {first}: its search differ")

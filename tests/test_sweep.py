@@ -8,11 +8,11 @@ import re
 
 import matplotlib.image
 import pytest
-import typer
 from typer.testing import CliRunner
 
 import evals.memory_sweep as sweep
-from evals.memory_sweep import SWEEP_COLUMNS, phase_switching_seconds, sweep_memory
+from evals.memory_sweep import SWEEP_COLUMNS, phase_switching_seconds
+from tts_runtime.cli import app
 from tts_runtime.config import ConfigError
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -20,12 +20,10 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 @pytest.fixture
 def cli(generator_model, prm_model, monkeypatch):
-    """The sweep command in its own typer app, reusing the session's loaded models."""
+    """The sweep command, reusing the session's loaded models."""
     models = {generator_model.name: generator_model, prm_model.name: prm_model}
     monkeypatch.setattr(sweep, "load_model", lambda name, dtype, device: models[name])
-    app = typer.Typer()
-    app.command()(sweep_memory)
-    return lambda args: CliRunner().invoke(app, args)
+    return lambda args: CliRunner().invoke(app, ["sweep-memory", *args])
 
 
 TINY = ["--limit", "1", "--n", "2", "--beam-width", "2", "--num-iterations", "2", "--max-step-tokens", "8",
