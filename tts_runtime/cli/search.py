@@ -22,7 +22,6 @@ from tts_runtime.cli.common import console
 from tts_runtime.cli.options import config_command
 from tts_runtime.cohost.runtime import Runtime
 from tts_runtime.config import ConfigError
-from tts_runtime.engine.scheduler import budget_policy
 from tts_runtime.models.registry import resolve
 from tts_runtime.runs.run import run_into_folder, run_record
 from tts_runtime.runs.run_config import RunConfig
@@ -48,7 +47,6 @@ def _run_search_command(run: RunConfig) -> None:
     generator, prm = run.models.specs()
     for spec in (generator, prm):  # unknown models now, before minutes of loading
         resolve(spec.model)
-    budget_policy(run.engine.scheduler.policy)
     out = Path(run.out) if run.out else Path("runs") / f"{run.search.method}-{time.strftime('%Y%m%d-%H%M%S')}"
     folder = RunFolder.open(out, resume=run.resume)
     folder.write_config(run_record(run, sys.argv))

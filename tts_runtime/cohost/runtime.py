@@ -129,6 +129,18 @@ def check_host_tier(cache: CacheConfig, backend: str, cohost: CohostConfig) -> N
                           "forward (and KV) to a worker: drop one of the two")
 
 
+def check_parallel(backend: str, memory_policy: str, parallel: ParallelConfig) -> None:
+    """Pipeline stages hold each model's layers and KV in processes of their own."""
+    if parallel.pp_size == 1:
+        return
+    if backend == "vllm":
+        raise ConfigError("--pp splits the native engine's layers into stage processes; the vLLM backend "
+                          "runs each model whole in this process: use --pp 1 with --backend vllm")
+    if memory_policy == "elastic":
+        raise ConfigError("the elastic memory policy needs --pp 1 (its KV pool lives in one process); "
+                          "use --memory-policy static or auto with pipeline parallelism")
+
+
 class Runtime:
     def __init__(self, generator: ModelSpec | str | LoadedModel, prm: ModelSpec | str | LoadedModel,
                  memory: MemoryConfig | None = None, engine_config: EngineConfig | None = None, *,
@@ -150,6 +162,7 @@ class Runtime:
         check_backend(backend, self.memory.policy)
         check_cohost(backend, self.memory.policy, self.engine_config.cohost)
         check_host_tier(self.engine_config.cache, backend, self.engine_config.cohost)
+        check_parallel(backend, self.memory.policy, self.engine_config.parallel)
         dev = resolve_device(self.engine_config.device)
         self.cohost = replace(self.engine_config.cohost, phase_policy=resolve_phase_policy(
             self.engine_config.cohost.phase_policy, dev, backend))
@@ -169,9 +182,6 @@ class Runtime:
         if backend == "vllm":
             self._start_vllm((gen_spec, prm_spec), (gen_loaded, prm_loaded), dtypes)
         elif self.plan.policy == "elastic":
-            if self.engine_config.parallel.pp_size > 1:
-                raise ConfigError("the elastic memory policy needs --pp 1 (its KV pool lives in one process); "
-                                  "use --memory-policy static or auto with pipeline parallelism")
             if dtypes[0] != dtypes[1]:
                 raise ConfigError(f"elastic memory needs both models in one dtype (generator {dtypes[0]}, "
                                   f"PRM {dtypes[1]}): a shared chunk is read in either; set --dtype")
@@ -225,9 +235,6 @@ class Runtime:
     def _start_vllm(self, specs: tuple[ModelSpec, ModelSpec], loaded: tuple[LoadedModel, LoadedModel],
                     dtypes: tuple[torch.dtype, torch.dtype]) -> None:
         """Both models on vLLM engines, each with the KV bytes the memory plan gave it."""
-        if self.engine_config.parallel.pp_size > 1:
-            raise ConfigError("--pp splits the native engine's layers into stage processes; the vLLM backend "
-                              "runs each model whole in this process: use --pp 1 with --backend vllm")
         block = self.engine_config.cache.block_size
         blocks = (self.plan.generator_blocks, self.plan.prm_blocks)
         self.generator, self.prm = (

@@ -26,7 +26,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable
 
-from tts_runtime.config import ConfigError, SchedulerConfig
+from tts_runtime.config import SCHEDULER_POLICIES, ConfigError, SchedulerConfig
 from tts_runtime.engine.block_manager import BlockManager
 from tts_runtime.engine.lanes import update_lanes
 from tts_runtime.engine.sequence import Sequence, SequenceStatus
@@ -60,8 +60,6 @@ BudgetPolicy = Callable[["Scheduler", int], TokenBudget]  # (scheduler, decodes 
 
 class Scheduler:
     def __init__(self, config: SchedulerConfig, blocks: BlockManager, pp_size: int = 1) -> None:
-        if pp_size < 1:
-            raise ConfigError(f"pipeline size must be >= 1, got {pp_size}")
         self.config = config
         self.blocks = blocks
         self.pp_size = pp_size
@@ -327,10 +325,9 @@ def _throttle_budget(scheduler: Scheduler, decodes: int) -> TokenBudget:
     return TokenBudget(decode_tokens=decode_tokens, prefill_tokens=min(prefill, total - decode_tokens))
 
 
-_POLICIES: dict[str, BudgetPolicy] = {"sarathi": _sarathi_budget, "throttle": _throttle_budget}
+_POLICIES: dict[str, BudgetPolicy] = dict(zip(SCHEDULER_POLICIES, (_sarathi_budget, _throttle_budget), strict=True))
 
 
 def budget_policy(name: str) -> BudgetPolicy:
-    if name not in _POLICIES:
-        raise ConfigError(f"unknown scheduler policy '{name}'; choose one of {', '.join(sorted(_POLICIES))}")
+    """The policy SchedulerConfig names (it checks the name against SCHEDULER_POLICIES)."""
     return _POLICIES[name]

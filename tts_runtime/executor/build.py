@@ -6,7 +6,7 @@ from __future__ import annotations
 from concurrent.futures import Future
 from typing import Protocol
 
-from tts_runtime.config import ConfigError, EngineConfig
+from tts_runtime.config import EngineConfig
 from tts_runtime.executor.attention.backends import AttentionBackend, select_backend
 from tts_runtime.executor.batch import ModelInput, ModelOutput, SamplePlan
 from tts_runtime.executor.cuda_graphs import CudaGraphRunner
@@ -64,8 +64,5 @@ def build_executor(loaded: LoadedModel, config: EngineConfig, num_blocks: int,
         return build_sim_executor(config.device, config.seed)
     if config.parallel.pp_size == 1:
         return build_local_executor(loaded, config, num_blocks, kv)
-    if kv is not None:
-        raise ConfigError("the elastic memory policy needs --pp 1 (its KV pool lives in one process); "
-                          "use --memory-policy static or auto with pipeline parallelism")
     group = PipelineGroup([StageModel.of("model", loaded, num_blocks)], config)
     return group.executor("model", owns_group=True)
