@@ -92,6 +92,17 @@ def test_a_bad_config_file_is_one_line(tmp_path, text, fragment):
     assert fragment in str(caught.value) and "\n" not in str(caught.value)
 
 
+def test_tts_beam_reads_the_file_and_the_command_line_on_top_of_it(tmp_path):
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text("n: 6\nbeam_width: 3\n")
+    for args, fragment in [([], None), (["--beam-width", "4"], "n (6) must be a multiple of the beam width (4)"),
+                           (["--n", "8"], "n (8) must be a multiple of the beam width (3)")]:
+        # An unknown dataset stops the valid combination right after the configuration is built.
+        result = CliRunner().invoke(app, ["beam", "--config", str(recipe), "--dataset", "gsm0k", *args])
+        assert result.exit_code == 2, result.output
+        assert fragment in result.output if fragment else "unknown dataset 'gsm0k'" in result.output
+
+
 def test_a_missing_config_file_is_a_one_line_cli_error(tmp_path):
     result = CliRunner().invoke(app, ["beam", "--config", str(tmp_path / "nope.yaml")])
     assert result.exit_code == 2 and result.output.strip() == f"error: --config {tmp_path / 'nope.yaml'}: no such file"

@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import Annotated, Any, Optional
 
 import typer
-from click.core import ParameterSource
 
 from tts_runtime.cli.common import command
 from tts_runtime.config import ConfigError
@@ -50,8 +49,7 @@ def config_command(parent: typer.Typer, name: str, *, only: Iterable[str] | None
 
         def run(ctx: typer.Context, config: Optional[Path] = None, **values: Any) -> Any:
             own = {knob.name: values.pop(knob.name) for knob in knobs}
-            given = {flag: value for flag, value in values.items()
-                     if ctx.get_parameter_source(flag) not in (ParameterSource.DEFAULT, None)}
+            given = {flag: value for flag, value in values.items() if _given(ctx, flag)}
             return fn(compose(base, config, given, {spec.flag for spec in chosen}, fixed), **own)
 
         parameters = [inspect.Parameter("ctx", inspect.Parameter.KEYWORD_ONLY, annotation=typer.Context),
@@ -77,6 +75,13 @@ def compose(base: RunConfig, config_file: Path | None, given: dict[str, Any], al
     settings = with_options(base, {**_take(from_file, allowed, config_file), **given})
     settings.validate()
     return settings
+
+
+def _given(ctx: typer.Context, flag: str) -> bool:
+    """Whether the user set `flag` (command line or environment), not its default. By name:
+    typer may carry its own copy of click's ParameterSource enum."""
+    source = ctx.get_parameter_source(flag)
+    return source is not None and source.name in ("COMMANDLINE", "ENVIRONMENT")
 
 
 def _parameter(spec: OptionField, default: Any) -> inspect.Parameter:

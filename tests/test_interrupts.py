@@ -1,0 +1,44 @@
+"""Ctrl-C before the search starts (while Python imports tts, while the models load) ends the
+command with one line and exit code 130, never a traceback or click's bare "Aborted!"."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+
+def _start(math500_path, tmp_path) -> subprocess.Popen:
+    command = [sys.executable, "-m", "tts_runtime.cli", "beam", "--dataset-path", str(math500_path), "--limit", "1",
+               "--device-memory", "3GiB", "--out", str(tmp_path / "run")]
+    return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _interrupted(process: subprocess.Popen) -> list[str]:
+    process.send_signal(signal.SIGINT)
+    _, stderr = process.communicate(timeout=120)
+    assert process.returncode == 130, stderr
+    assert "Traceback" not in stderr and "Aborted" not in stderr, stderr
+    return stderr.strip().splitlines()
+
+
+def test_ctrl_c_while_starting_is_one_line(math500_path, tmp_path):
+    process = _start(math500_path, tmp_path)
+    time.sleep(0.5)  # inside `main`, importing torch and the models' code (seconds)
+    lines = _interrupted(process)
+    assert lines[-1].startswith("interrupted"), lines
+
+
+@pytest.mark.slow
+def test_ctrl_c_while_loading_the_models_is_one_line(math500_path, tmp_path):
+    process = _start(math500_path, tmp_path)
+    assert process.stderr is not None
+    for line in process.stderr:  # the CLI says when it starts loading
+        if line.startswith("loading"):
+            break
+    time.sleep(0.1)  # the load and the memory profile take seconds
+    lines = _interrupted(process)
+    assert lines[-1].startswith("interrupted while loading the models"), lines
