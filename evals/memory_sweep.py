@@ -58,7 +58,7 @@ from tts_runtime.config import CacheConfig, ConfigError, EngineConfig, Scheduler
 from tts_runtime.engine.engine import RequestError
 from tts_runtime.executor.device_memory import return_freed_host_memory
 from tts_runtime.models.loader import LoadedModel, load_model
-from tts_runtime.runs.datasets import Problem, load_problems
+from tts_runtime.runs.datasets import DatasetConfig, Problem, load_problems
 from tts_runtime.runs.environment import machine_info
 from tts_runtime.runs.scale_config import ScaleOut
 
@@ -576,7 +576,7 @@ def sweep_memory(
                          threads_per_replica=threads_per_replica,
                          gpus_per_replica=int(resolve_device(device).type == "cuda"))
         parallel = SweepParallel(scale, generator, prm, dtype)
-    problems = load_problems(dataset, dataset_path=dataset_path, limit=limit)
+    problems = load_problems(DatasetConfig(dataset=dataset, dataset_path=dataset_path, limit=limit))
     phases = workload_phases(workload_kind, problems, search)
     dev = resolve_device(device)
     typer.echo(f"loading {generator} and {prm} ...")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from tts_runtime.runs.datasets import load_problems
+from tts_runtime.runs.datasets import DatasetConfig, load_problems
 from tts_runtime.runs.run_folder import METRICS_FILE, RunFolder
 from tts_runtime.runs.run import run_into_folder
 from search.config import SearchConfig
@@ -81,7 +81,7 @@ def test_accuracy_at_k_grades_each_column():
 def test_a_run_writes_the_completions_file_and_accuracy_at_k(search_runtime, math500_path, tmp_path):
     config = SearchConfig(method="beam", n=4, beam_width=2, num_iterations=1, max_step_tokens=16, max_tokens=32,
                           problem_batch=2, temperature=0.0)
-    problems = load_problems("math500", dataset_path=str(math500_path), levels={1}, limit=2)
+    problems = load_problems(DatasetConfig(dataset_path=str(math500_path), levels=(1,), limit=2))
     with RunFolder.open(tmp_path / "run", resume=False) as folder:
         outcome = run_into_folder(search_runtime, problems, config, folder)
     rows = [json.loads(line) for line in (tmp_path / "run" / completions_file("beam")).read_text().splitlines()]

@@ -27,7 +27,7 @@ from tts_runtime.config import (CacheConfig, CohostConfig, ConfigError, EngineCo
                                 SchedulerConfig, ThrottleConfig, resolve_device, resolve_dtype)
 from tts_runtime.engine.scheduler import budget_policy
 from tts_runtime.models.registry import resolve
-from tts_runtime.runs.datasets import load_problems
+from tts_runtime.runs.datasets import DatasetConfig, load_problems
 from tts_runtime.runs.run import run_config, run_into_folder
 from tts_runtime.runs.run_folder import RunFolder
 from tts_runtime.runs.scale_config import ScaleOut
@@ -221,9 +221,10 @@ def _run_search_command(config: SearchConfig, selection: dict, generator: ModelS
                         attention: tuple[str, bool | None, bool] = ("auto", None, True),
                         linear_backend: str = "auto", cpu_fused_ops: bool = True,
                         cohost: CohostConfig = CohostConfig(), cache: CacheConfig = CacheConfig()) -> None:
-    problems = load_problems(selection["name"], dataset_path=selection["path"], limit=selection["limit"],
-                             levels=set(selection["levels"]) if selection["levels"] else None,
-                             ids=set(selection["ids"]) if selection["ids"] else None)
+    problems = load_problems(DatasetConfig(
+        dataset=selection["name"], dataset_path=selection["path"], limit=selection["limit"],
+        levels=tuple(selection["levels"]) if selection["levels"] else None,
+        ids=tuple(selection["ids"]) if selection["ids"] else None))
     if not problems:
         raise ConfigError("no problem matches the dataset filters (--limit, --levels, --ids)")
     if resume and out is None:
