@@ -10,8 +10,9 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from search.aggregate import check_aggregation
-from search.grading import check_vote_ties
+from search.grading import check_grader, check_vote_ties
 from search.prm import prm_format_class
+from search.prompts import load_chat_template
 from tts_runtime.config import ConfigError
 
 METHODS: tuple[str, ...] = ("beam", "bon", "dvts")
@@ -62,6 +63,14 @@ class SearchConfig:
     # own cap); a speculation cut short by it is discarded and the step generated anew.
     speculative_extension: bool = False
     speculative_max_tokens: int | None = None
+    # The generator's system prompt (None: search-and-learn's default, search.prompts.SYSTEM_PROMPT).
+    system_prompt: str | None = None
+    # A Jinja chat template, or the path of a file holding one, replacing the generator
+    # tokenizer's own (search-and-learn's custom_chat_template; None: the tokenizer's).
+    chat_template: str | None = None
+    # Who decides that an answer is right: "math-verify", or "qwen" (Qwen2.5-Math's math_equal
+    # rules, which search-and-learn's published accuracies use); metrics.json names it.
+    grader: str = "math-verify"
 
     def __post_init__(self) -> None:
         checks = [
@@ -93,6 +102,8 @@ class SearchConfig:
                               f"{', '.join(SURVIVOR_ORDERS)}, got '{self.survivor_order}'")
         if self.prm_format is not None:
             prm_format_class(self.prm_format)
+        check_grader(self.grader)
+        load_chat_template(self.chat_template)
 
     @property
     def keep(self) -> int:

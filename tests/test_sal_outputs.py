@@ -78,6 +78,14 @@ def test_accuracy_at_k_grades_each_column():
                                                             for k in (1, 2, 4, 8)}
 
 
+def test_accuracy_at_k_with_the_qwen_grader():
+    """Qwen's math_equal also accepts the reference / 100 and * 100: `2` is right for `200`."""
+    row = {**sal_row(PROBLEM, _result(), n=8), "answer": "200"}
+    by_qwen, by_math_verify = accuracy_at_k([row], n=8, grader="qwen"), accuracy_at_k([row], n=8)
+    assert by_qwen["weighted@2"] == 1.0 and by_qwen["maj@2"] == 0.0 and by_qwen["weighted@8"] == 0.0
+    assert by_math_verify["weighted@2"] == 0.0
+
+
 def test_a_run_writes_the_completions_file_and_accuracy_at_k(search_runtime, math500_path, tmp_path):
     config = SearchConfig(method="beam", n=4, beam_width=2, num_iterations=1, max_step_tokens=16, max_tokens=32,
                           problem_batch=2, temperature=0.0)
@@ -93,3 +101,4 @@ def test_a_run_writes_the_completions_file_and_accuracy_at_k(search_runtime, mat
     assert {"pred_weighted@4", "pred_maj@4", "pred_naive@4", "pred_naive@1"} <= set(rows[0])
     metrics = json.loads((tmp_path / "run" / METRICS_FILE).read_text())
     assert set(metrics["accuracy_at_k"]) == {f"{v}@{k}" for v in ("naive", "weighted", "maj") for k in (1, 2, 4)}
+    assert metrics["grader"] == "math-verify"

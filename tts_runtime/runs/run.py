@@ -118,7 +118,8 @@ def run_into_folder(runtime: Runtime, problems: Sequence[Problem], config: Searc
         outcome.metrics["failed"] = failed_metrics(outcome.failed)
         rows = sal_rows(problems, previous + outcome.new, config)
         folder.write_rows(completions_file(config.method), rows)
-        outcome.metrics["accuracy_at_k"] = accuracy_at_k(rows, config.n)
+        outcome.metrics["grader"] = config.grader
+        outcome.metrics["accuracy_at_k"] = accuracy_at_k(rows, config.n, config.grader)
         folder.write_metrics(outcome.metrics)
 
     try:
