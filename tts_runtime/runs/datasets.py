@@ -105,11 +105,13 @@ def load_problems(config: DatasetConfig) -> list[Problem]:
 def _filter(problems: list[Problem], *, limit: int | None, levels: tuple[int, ...] | None,
             ids: tuple[str, ...] | None) -> list[Problem]:
     if ids is not None:
-        _refuse_unmatched("--ids", set(ids), {p.id for p in problems})
-        problems = [p for p in problems if p.id in set(ids)]
+        wanted_ids = set(ids)
+        _refuse_unmatched("--ids", wanted_ids, {p.id for p in problems})
+        problems = [p for p in problems if p.id in wanted_ids]
     if levels is not None:
-        _refuse_unmatched("--levels", set(levels), {p.level for p in problems})
-        problems = [p for p in problems if p.level in set(levels)]
+        wanted_levels = set(levels)
+        _refuse_unmatched("--levels", wanted_levels, {p.level for p in problems})
+        problems = [p for p in problems if p.level in wanted_levels]
     if limit is not None:
         problems = problems[:limit]
     return problems
