@@ -66,11 +66,11 @@ def search_inputs(bench, log: Callable[[str], None], dtype: str = "auto") -> tup
     """The first `bench.limit` MATH-500 problems, the device, and the generator and PRM loaded
     once, in `dtype`, for every variant (a bench config with dataset_path, limit, device,
     generator, prm)."""
-    from tts_runtime.runs.datasets import load_problems
+    from tts_runtime.runs.datasets import DatasetConfig, load_problems
     from tts_runtime.config import resolve_device, resolve_dtype
     from tts_runtime.models.loader import load_model
 
-    problems = load_problems("math500", dataset_path=bench.dataset_path, limit=bench.limit)
+    problems = load_problems(DatasetConfig(dataset_path=bench.dataset_path, limit=bench.limit))
     device = resolve_device(bench.device)
     log(f"loading {bench.generator} + {bench.prm} ...")
     models = tuple(load_model(name, resolve_dtype(dtype, device), device) for name in (bench.generator, bench.prm))

@@ -28,7 +28,7 @@ from tts_runtime.config import CacheConfig, EngineConfig
 from tts_runtime.engine.engine import Engine
 from tts_runtime.engine.request import SamplingParams
 from tts_runtime.models.loader import LoadedModel, load_model
-from tts_runtime.runs.datasets import load_problems
+from tts_runtime.runs.datasets import DatasetConfig, load_problems
 from tts_runtime.models.registry import DEFAULT_GENERATOR
 
 # The tts variants: (label, what it measures, engine switches, the dtypes it runs at: "first"
@@ -74,7 +74,7 @@ class BeamBenchConfig:
 def beam_prompts(loaded: LoadedModel, count: int, target: int) -> list[list[int]]:
     """`count` chat prompts: a problem, then the following problems as the assistant's earlier
     steps until the prompt holds about `target` tokens."""
-    problems = load_problems("math500", limit=count + 60)
+    problems = load_problems(DatasetConfig(limit=count + 60))
     steps = [p.question.strip() + "\n\n" for p in problems[count:]]
     tok = loaded.tokenizer
     prompts = []

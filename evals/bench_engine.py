@@ -23,7 +23,7 @@ from tts_runtime.config import ConfigError, EngineConfig, ModelSpec, resolve_dty
 from tts_runtime.engine.engine import Engine
 from tts_runtime.engine.request import SamplingParams
 from tts_runtime.models.loader import LoadedModel, load_model
-from tts_runtime.runs.datasets import load_problems
+from tts_runtime.runs.datasets import DatasetConfig, load_problems
 from tts_runtime.models.registry import DEFAULT_GENERATOR, DEFAULT_PRM
 
 
@@ -41,7 +41,7 @@ class EngineBenchConfig:
 
 
 def _generate_prompts(loaded: LoadedModel, count: int) -> list[list[int]]:
-    problems = load_problems("math500", limit=count)
+    problems = load_problems(DatasetConfig(limit=count))
     tok = loaded.tokenizer
     return [tok.apply_chat_template([{"role": "user", "content": p.question}], tokenize=True,
                                     add_generation_prompt=True, return_dict=False) for p in problems]
@@ -94,7 +94,7 @@ def bench_generate(config: EngineBenchConfig, dtype: torch.dtype) -> SideBySide:
 
 def _beam_steps(config: EngineBenchConfig) -> tuple[str, list[list[str]]]:
     """One real question and `beams` diverging step sequences sampled by the generator."""
-    problem = load_problems("math500", limit=1)[0]
+    problem = load_problems(DatasetConfig(limit=1))[0]
     loaded = load_model(config.generator, torch.float32, torch.device("cpu"))
     engine = Engine(config.generator, EngineConfig(device="cpu"), loaded=loaded)
     from search.prompts import PromptBuilder

@@ -35,7 +35,7 @@ from tts_runtime.config import CohostConfig, EngineConfig, resolve_device, resol
 from tts_runtime.engine.host_times import PHASES
 from tts_runtime.executor.sim import shared_device
 from tts_runtime.models.loader import LoadedModel, load_model
-from tts_runtime.runs.datasets import load_problems
+from tts_runtime.runs.datasets import DatasetConfig, load_problems
 from tts_runtime.models.registry import DEFAULT_GENERATOR, DEFAULT_PRM
 
 # The H100 run's plan (docs/benchmarks/cohost_gpu.md): its measured budget, static split.
@@ -182,7 +182,7 @@ def bench_host(bench: HostBench, command: str, log: Callable[[str], None] = prin
     models = tuple(load_model(name, resolve_dtype("auto", device), device) for name in (bench.generator, bench.prm))
     measured, medians = [], []
     for limit in bench.limits:
-        problems = load_problems("math500", dataset_path=bench.dataset_path, limit=limit)
+        problems = load_problems(DatasetConfig(dataset_path=bench.dataset_path, limit=limit))
         for batch in bench.problem_batches:
             side = SideBySide(f"{limit}x{batch}")
             variants = {f"hide_driver={hide}": _logged(log, partial(measure, bench, models, problems, batch, hide))

@@ -39,7 +39,7 @@ from tts_runtime.engine.request import SamplingParams
 from tts_runtime.executor.pipeline.pipeline import PipelineGroup, StageModel
 from tts_runtime.executor.pipeline.stage_messages import TraceDump
 from tts_runtime.models.loader import LoadedModel, load_model
-from tts_runtime.runs.datasets import load_problems
+from tts_runtime.runs.datasets import DatasetConfig, load_problems
 from tts_runtime.runs.environment import machine_info
 from tts_runtime.models.registry import DEFAULT_GENERATOR, DEFAULT_PRM
 
@@ -396,7 +396,7 @@ def _score(bench: PipelineBenchConfig, variants: list[Variant], log) -> dict[str
 
 
 def _search(bench: PipelineBenchConfig, variants: list[Variant], log) -> dict[str, list[dict]]:
-    problems = load_problems("math500", limit=bench.search_problems)
+    problems = load_problems(DatasetConfig(limit=bench.search_problems))
     built = _build_runtimes(variants, bench, problems)
     try:
         return _run_rounds(built, variants, bench.rounds, log)

@@ -16,7 +16,7 @@ from typing import Any
 
 from evals.bench import SideBySide, write_report
 from search.config import SearchConfig
-from tts_runtime.runs.datasets import load_problems
+from tts_runtime.runs.datasets import DatasetConfig, load_problems
 from tts_runtime.runs.ray_pool import ray_cluster
 from tts_runtime.runs.run_folder import RunFolder
 from tts_runtime.runs.scale_config import ScaleOut
@@ -72,7 +72,7 @@ def _measure(bench: ScaleoutBench, problems: Sequence, replicas: int, threads: i
 
 
 def bench_scaleout(bench: ScaleoutBench, *, command: Sequence[str], log: Callable[[str], None]) -> Path:
-    problems = load_problems("math500", dataset_path=bench.dataset_path, limit=bench.limit)
+    problems = load_problems(DatasetConfig(dataset_path=bench.dataset_path, limit=bench.limit))
     side = SideBySide("scaleout")
 
     def variant(label: str, replicas: int, threads: int) -> Callable[[], dict]:

@@ -28,7 +28,7 @@ from search.problem import Problem
 from search.score_cache import ScoreCache
 from tts_runtime.cohost.runtime import Runtime
 from tts_runtime.config import EngineConfig, ModelSpec, ParallelConfig
-from tts_runtime.runs.datasets import load_problems
+from tts_runtime.runs.datasets import DatasetConfig, load_problems
 from tts_runtime.runs.environment import environment
 from tts_runtime.runs.metrics import EngineCounters, RunCounters, accuracy, throughput
 from tts_runtime.models.registry import DEFAULT_GENERATOR, DEFAULT_PRM
@@ -137,7 +137,7 @@ def _logged(log: Callable[[str], None], label: str, measure: Callable[[], dict])
 def bench_search(bench: SearchBench, *, command: Sequence[str],
                  log: Callable[[str], None] = print) -> BenchReport:
     config = SearchConfig(**{**bench.config.to_dict(), "method": "beam"})
-    problems = load_problems("math500", dataset_path=bench.dataset_path, limit=bench.limit)
+    problems = load_problems(DatasetConfig(dataset_path=bench.dataset_path, limit=bench.limit))
     log(f"loading models for {len(problems)} problems ...")
     runtime = Runtime(*_specs(bench), memory=bench.memory, parallel=bench.parallel)
     variants = {"tts": _logged(log, f"tts (problem batch {config.problem_batch})",

@@ -59,7 +59,7 @@ from tts_runtime.config import ConfigError, EngineConfig, resolve_device, resolv
 from tts_runtime.engine.engine import RequestError
 from tts_runtime.executor.device_memory import return_freed_host_memory
 from tts_runtime.models.loader import LoadedModel, load_model
-from tts_runtime.runs.datasets import Problem
+from tts_runtime.runs.datasets import Problem, load_problems
 from tts_runtime.runs.environment import machine_info
 from tts_runtime.runs.run_config import RunConfig
 from tts_runtime.runs.scale_config import ScaleOut
@@ -541,7 +541,7 @@ def sweep_memory(run: RunConfig, plan: SweepPlan, echo: Callable[[str], None] = 
     scale = run.scale.scale_out(device)
     if scale is not None:
         parallel = SweepParallel(scale, generator, prm, dtype)
-    problems = run.dataset.load()
+    problems = load_problems(run.dataset)
     phases = workload_phases(plan.workload, problems, search)
     dev = resolve_device(device)
     echo(f"loading {generator} and {prm} ...")

@@ -10,8 +10,9 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from search.aggregate import check_aggregation
-from search.grading import check_vote_ties
+from search.grading import check_grader, check_vote_ties
 from search.prm import prm_format_class
+from search.prompts import load_chat_template
 from tts_runtime.config import ConfigError
 from tts_runtime.options import option
 
@@ -72,6 +73,14 @@ class SearchConfig:
                                          panel="Search details")
     speculative_max_tokens: int | None = option(None, "Cap of one speculative step (default: the step cap).",
                                                 panel="Search details")
+    system_prompt: str | None = option(None, "The generator's system prompt (default: search-and-learn's).",
+                                       panel="Models")
+    chat_template: str | None = option(None, "A Jinja chat template, or a file holding one, replacing the "
+                                       "generator tokenizer's own (search-and-learn's custom_chat_template).",
+                                       panel="Models")
+    grader: str = option("math-verify", "Who decides that an answer is right: math-verify, or qwen (Qwen2.5-Math's "
+                         "math_equal rules, which search-and-learn's published accuracies use).",
+                         panel="Search details")
 
     def __post_init__(self) -> None:
         checks = [
@@ -103,6 +112,8 @@ class SearchConfig:
                               f"{', '.join(SURVIVOR_ORDERS)}, got '{self.survivor_order}'")
         if self.prm_format is not None:
             prm_format_class(self.prm_format)
+        check_grader(self.grader)
+        load_chat_template(self.chat_template)
 
     @property
     def keep(self) -> int:

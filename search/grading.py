@@ -17,6 +17,7 @@ from math_verify import parse, verify
 from math_verify.parser import ExprExtractionConfig, LatexExtractionConfig
 
 from search.answers import extract_boxed
+from search.qwen_grader import qwen_grade
 from tts_runtime.config import ConfigError
 
 # math_verify logs a warning for every unparsable string; graders see many of those.
@@ -25,6 +26,9 @@ logging.getLogger("math_verify").setLevel(logging.ERROR)
 VoteMethod = Literal["naive", "weighted", "maj"]
 VoteTies = Literal["first", "best"]
 VOTE_TIES: tuple[str, ...] = ("first", "best")
+# "math-verify": math-verify's equivalence after our clean-up (`normalize`); "qwen":
+# Qwen2.5-Math's math_equal rules (search.qwen_grader), as search-and-learn's evaluation.
+GRADERS: tuple[str, ...] = ("math-verify", "qwen")
 
 _BOX_COMMANDS = ("\\boxed", "\\fbox")
 _TIMEOUT_S = 5
@@ -98,9 +102,21 @@ def _parsed(answer: str) -> tuple:
         return ()
 
 
-@lru_cache(maxsize=65536)
-def grade(prediction: str | None, reference: str) -> bool:
+def grade(prediction: str | None, reference: str, grader: str = "math-verify") -> bool:
     """Whether `prediction` (an answer, not a full solution) equals the `reference` answer."""
+    if grader == "qwen":
+        return qwen_grade(prediction, reference)
+    return _math_verify_grade(prediction, reference)
+
+
+def check_grader(grader: str) -> str:
+    if grader not in GRADERS:
+        raise ConfigError(f"unknown grader '{grader}'; choose one of {', '.join(GRADERS)}")
+    return grader
+
+
+@lru_cache(maxsize=65536)
+def _math_verify_grade(prediction: str | None, reference: str) -> bool:
     if not isinstance(prediction, str) or not isinstance(reference, str):
         return False
     pred_norm, ref_norm = normalize(prediction), normalize(reference)

@@ -10,7 +10,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
+
+from tts_runtime.config import ConfigError
 
 SYSTEM_PROMPT = (
     "Solve the following math problem efficiently and clearly:\n\n"
@@ -43,16 +46,50 @@ def encode_text(tokenizer: Any, text: str) -> list[int]:
     return tokenizer.encode(text, add_special_tokens=False)
 
 
+_TEMPLATE_MARKS = ("{{", "{%")
+
+
+def load_chat_template(value: str | None) -> str | None:
+    """A chat template given as Jinja text, or read from the file `value` names."""
+    if value is None or any(mark in value for mark in _TEMPLATE_MARKS):
+        return value
+    path = Path(value).expanduser()
+    if not path.is_file():
+        raise ConfigError(f"--chat-template '{value[:60]}' is neither a Jinja template (no {{{{ or {{% in it) "
+                          "nor a file; pass the template text or the path of a file holding it")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"--chat-template {path}: cannot read it as UTF-8 text ({type(exc).__name__})") from None
+    if not any(mark in text for mark in _TEMPLATE_MARKS):
+        raise ConfigError(f"--chat-template {path} holds no Jinja template (no {{{{ or {{% in it)")
+    return text
+
+
 @dataclass
 class PromptBuilder:
-    """Builds the generator's prompt: system prompt + question, assistant turn opened."""
+    """Builds the generator's prompt: system prompt + question, assistant turn opened.
+
+    `chat_template` (Jinja text) replaces the tokenizer's own, as search-and-learn's
+    `custom_chat_template` does; None keeps the tokenizer's."""
 
     tokenizer: Any
     system_prompt: str = SYSTEM_PROMPT
+    chat_template: str | None = None
+
+    @classmethod
+    def configured(cls, tokenizer: Any, system_prompt: str | None, chat_template: str | None) -> PromptBuilder:
+        """From the search options: None means the default system prompt / the tokenizer's template."""
+        return cls(tokenizer, SYSTEM_PROMPT if system_prompt is None else system_prompt,
+                   load_chat_template(chat_template))
+
+    @property
+    def template(self) -> str | None:
+        return self.chat_template or getattr(self.tokenizer, "chat_template", None) or None
 
     @property
     def has_chat_template(self) -> bool:
-        return bool(getattr(self.tokenizer, "chat_template", None))
+        return self.template is not None
 
     def prompt_text(self, question: str) -> str:
         if self.has_chat_template:
@@ -60,13 +97,22 @@ class PromptBuilder:
                 {"role": "system", "content": self.system_prompt},
                 {"role": "user", "content": question},
             ]
-            return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+            return self.tokenizer.apply_chat_template(messages, chat_template=self.template, tokenize=False,
+                                                      add_generation_prompt=True)
         return f"System:\n{self.system_prompt}\n\nUser:\n{question}\n\nAssistant:\n"
 
     def prompt_token_ids(self, question: str) -> list[int]:
-        # A rendered template already carries BOS if the model wants one (HF does the same).
-        prefix = [] if self.has_chat_template else bos_ids(self.tokenizer)
-        return prefix + encode_text(self.tokenizer, self.prompt_text(question))
+        text = self.prompt_text(question)
+        return self._bos_prefix(text) + encode_text(self.tokenizer, text)
+
+    def _bos_prefix(self, text: str) -> list[int]:
+        """BOS where the model wants one and the text does not write it. Templates of BOS
+        models usually write it (Llama, Gemma); search-and-learn's Llama template does not,
+        relying on vLLM adding BOS when it encodes a text prompt, so it is added here too."""
+        bos = bos_ids(self.tokenizer)
+        if bos and self.has_chat_template and text.startswith(self.tokenizer.bos_token):
+            return []
+        return bos
 
 
 def beam_token_ids(prompt_ids: Sequence[int], step_token_ids: Sequence[Sequence[int]]) -> list[int]:

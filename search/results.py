@@ -103,10 +103,10 @@ def summarize(problem: Problem, beams: list[Beam], config: SearchConfig, counts:
     majority = majority_pick(candidates, config.vote_ties)  # type: ignore[arg-type]
     return ProblemResult(
         id=problem.id, level=problem.level, subject=problem.subject, reference=problem.answer,
-        prediction=prediction, correct=grade(prediction, problem.answer),
+        prediction=prediction, correct=grade(prediction, problem.answer, config.grader),
         score=best.score if best else 0.0,
-        weighted_prediction=weighted, weighted_correct=grade(weighted, problem.answer),
-        majority_prediction=majority, majority_correct=grade(majority, problem.answer),
+        weighted_prediction=weighted, weighted_correct=grade(weighted, problem.answer, config.grader),
+        majority_prediction=majority, majority_correct=grade(majority, problem.answer, config.grader),
         beams=records, generated_tokens=counts.generated_tokens, prm_tokens=counts.prm_tokens,
         prm_cached_tokens=counts.prm_cached_tokens, prm_requests=counts.prm_requests,
         iterations=counts.iterations, completed_beams=counts.completed_beams, seconds=seconds,

@@ -69,10 +69,11 @@ def _unboxed(pred: str) -> str | None:
     return inner or None
 
 
-def accuracy_at_k(rows: Sequence[dict[str, Any]], n: int) -> dict[str, float]:
-    """Share of rows whose `pred_{vote}@k` grades correct against `answer`, for every vote
-    and k (what S&L's evaluation reports per column)."""
+def accuracy_at_k(rows: Sequence[dict[str, Any]], n: int, grader: str = "math-verify") -> dict[str, float]:
+    """Share of rows whose `pred_{vote}@k` grades correct against `answer` by `grader`, for
+    every vote and k (what S&L's evaluation reports per column)."""
     if not rows:
         return {}
-    return {f"{vote}@{k}": sum(grade(_unboxed(row[f"pred_{vote}@{k}"]), row["answer"]) for row in rows) / len(rows)
+    return {f"{vote}@{k}": sum(grade(_unboxed(row[f"pred_{vote}@{k}"]), row["answer"], grader)
+                               for row in rows) / len(rows)
             for vote in VOTES for k in subset_sizes(n)}

@@ -40,7 +40,8 @@ class SearchSession:
         self.runtime = runtime
         self.config = config
         self.cache = cache if cache is not None else ScoreCache()
-        self.prompts = PromptBuilder(runtime.generator.tokenizer)
+        self.prompts = PromptBuilder.configured(runtime.generator.tokenizer, config.system_prompt,
+                                              config.chat_template)
         self.format_name = prm_format_name(config, runtime.prm.spec.model)
         self.prm_format: PRMFormat = make_prm_format(self.format_name, runtime.prm.tokenizer)
         # Scores depend on the PRM and on how its input is laid out.

@@ -12,7 +12,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from search.config import SearchConfig
-from tts_runtime.runs.datasets import load_problems
+from tts_runtime.runs.datasets import DatasetConfig, load_problems
 from tts_runtime.runs.run import run_into_folder
 from tts_runtime.runs.run_folder import METRICS_FILE, RESULTS_FILE, RunFolder
 
@@ -25,7 +25,7 @@ def _lines(folder: Path) -> list[dict]:
 
 
 def test_failed_problem_is_recorded_and_resume_retries_it(search_runtime, math500_path, tmp_path):
-    good, other = load_problems("math500", dataset_path=str(math500_path), levels={1}, limit=2)
+    good, other = load_problems(DatasetConfig(dataset_path=str(math500_path), levels=(1,), limit=2))
     too_long = replace(other, question=" ".join([other.question] * 400))  # far past the 8192-token context
 
     outcome = run_into_folder(search_runtime, [good, too_long], TINY, RunFolder.open(tmp_path, resume=False))

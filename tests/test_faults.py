@@ -268,12 +268,12 @@ def test_a_zero_token_budget_is_refused_where_it_is_configured():
      "line 2: problem id 'a' is also on line 1"),
 ])
 def test_bad_dataset_files_are_one_line_errors(content, fragment, tmp_path):
-    from tts_runtime.runs.datasets import load_problems
+    from tts_runtime.runs.datasets import DatasetConfig, load_problems
 
     path = tmp_path / "problems.jsonl"
     path.write_bytes(content)
     with pytest.raises(ConfigError, match=re.escape(fragment)):
-        load_problems(str(path))
+        load_problems(DatasetConfig(dataset=str(path)))
 
 
 @pytest.mark.slow

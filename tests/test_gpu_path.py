@@ -669,13 +669,13 @@ def test_greedy_parity_with_hf_on_gpu(cuda_models, which):
 @pytest.mark.gpu
 @needs_cuda
 def test_beam_search_end_to_end_on_gpu(monkeypatch):
-    from tts_runtime.runs.datasets import load_problems
+    from tts_runtime.runs.datasets import DatasetConfig, load_problems
     from search import SearchConfig, run_search
     from tts_runtime.cohost.runtime import Runtime
 
     # The Makefile exports TTS_DATA_DIR; a bare pytest run falls back to the shared checkout.
     data = os.environ.get("TTS_DATA_DIR") or Path(__file__).resolve().parents[2] / "shared" / "data"
-    problems = load_problems("math500", dataset_path=str(data), limit=10)
+    problems = load_problems(DatasetConfig(dataset_path=str(data), limit=10))
     runtime = Runtime(GENERATOR, PRM, engine_config=EngineConfig(device="cuda"))
     calls = _count_graph_runs(runtime.generator, monkeypatch)
     # Five short iterations (the cohost bench's shape): the default forty took over two minutes.

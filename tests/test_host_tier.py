@@ -12,7 +12,7 @@ from tts_runtime.engine.engine import Engine
 from tts_runtime.engine.host_tier import HostTier
 from tts_runtime.engine.request import SamplingParams
 from tts_runtime.executor.kv_cache import bytes_per_block
-from tts_runtime.runs.datasets import load_problems
+from tts_runtime.runs.datasets import DatasetConfig, load_problems
 
 GREEDY = SamplingParams(temperature=0, max_tokens=8)
 BLOCK = 16
@@ -20,7 +20,7 @@ BLOCK = 16
 
 @pytest.fixture(scope="module")
 def questions(math500_path) -> list[str]:
-    return [p.question for p in load_problems("math500", dataset_path=str(math500_path), limit=4)]
+    return [p.question for p in load_problems(DatasetConfig(dataset_path=str(math500_path), limit=4))]
 
 
 def _engine(model, num_blocks: int, host_bytes: int = 0, **scheduler) -> tuple[Engine, ThrashTracker]:

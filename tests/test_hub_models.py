@@ -78,3 +78,34 @@ def test_generation_config_end_of_sequence_ids_stop_generation(tmp_path, generat
         .generate([prompt], greedy)[0].completions[0]
     assert first[2] not in first[:2]
     assert stopped.token_ids == first[:2] and stopped.finish_reason == "eos"  # the id itself is not output
+
+
+def test_revision_is_the_same_as_at_revision(tmp_path, generator_model):
+    """ModelSpec.revision pins a Hub id as `org/name@revision` does; both given and different,
+    or given for a local model, is a one-line error."""
+    snapshot = _lay_out_cache(tmp_path / "hub", "demo-org/SmolLM2-135M-Instruct", generator_model.folder)
+    code = (
+        "import torch\n"
+        "from tts_runtime.config import ConfigError, ModelSpec\n"
+        "from tts_runtime.models.loader import load_model\n"
+        "from tts_runtime.models.registry import resolve\n"
+        "spec = ModelSpec('demo-org/SmolLM2-135M-Instruct', revision='" + COMMIT + "')\n"
+        "print(spec.model)\n"
+        "print(load_model(spec.model, torch.float32, torch.device('cpu')).folder)\n"
+        "print(ModelSpec('demo-org/SmolLM2-135M-Instruct@main', revision='main').model)\n"
+        "for make in (lambda: ModelSpec('demo-org/SmolLM2-135M-Instruct@main', revision='v2'),\n"
+        "             lambda: resolve(ModelSpec('smollm2-135m-instruct', revision='main').model),\n"
+        "             lambda: resolve(ModelSpec('demo-org/SmolLM2-135M-Instruct', revision='v2').model)):\n"
+        "    try:\n        make()\n        print('no error')\n"
+        "    except ConfigError as exc:\n        print(exc)\n")
+    done = _in_fresh_process(code, tmp_path / "hub")
+    assert done.returncode == 0, done.stderr[-2000:]
+    lines = done.stdout.splitlines()
+    assert lines[:3] == [f"demo-org/SmolLM2-135M-Instruct@{COMMIT}", str(snapshot),
+                         "demo-org/SmolLM2-135M-Instruct@main"]
+    assert lines[3] == ("model demo-org/SmolLM2-135M-Instruct@main pins revision 'main' but --revision is 'v2'; "
+                        "give the revision once")
+    assert lines[4].startswith("model 'smollm2-135m-instruct@main': a revision (@... or --revision) applies to "
+                               "Hugging Face Hub ids only")
+    assert lines[5].startswith("model demo-org/SmolLM2-135M-Instruct@v2 is not in the Hugging Face cache")
+    assert len(lines) == 6

@@ -19,7 +19,7 @@ from search import SearchConfig, run_search
 from tts_runtime.cohost.runtime import Runtime, check_cohost
 from tts_runtime.config import CohostConfig, ConfigError, EngineConfig, ParallelConfig
 from tts_runtime.executor.pipeline.pipeline import PipelineFailure
-from tts_runtime.runs.datasets import load_problems
+from tts_runtime.runs.datasets import DatasetConfig, load_problems
 
 SEEDED = SearchConfig(n=4, beam_width=2, num_iterations=2, max_step_tokens=40, max_tokens=48, eos_sampling=False,
                       problem_batch=2, temperature=0.8, seed=7)
@@ -40,7 +40,7 @@ def _cpu_seconds(pid: int) -> float:
 
 @pytest.fixture(scope="module")
 def problems(math500_path):
-    return load_problems("math500", dataset_path=str(math500_path), limit=2)
+    return load_problems(DatasetConfig(dataset_path=str(math500_path), limit=2))
 
 
 @pytest.fixture(scope="module")

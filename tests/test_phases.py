@@ -22,7 +22,7 @@ from tts_runtime.cohost.phases import GENERATOR, PRM, PhaseScheduler
 from tts_runtime.cohost.runtime import Runtime, check_cohost
 from tts_runtime.config import CohostConfig, ConfigError, EngineConfig, SchedulerConfig, resolve_phase_policy
 from tts_runtime.engine.request import SamplingParams, ScoreParams
-from tts_runtime.runs.datasets import load_problems
+from tts_runtime.runs.datasets import DatasetConfig, load_problems
 
 CHUNK = 16
 QUESTION = "What is the sum of the first ten positive integers? Think step by step."
@@ -157,7 +157,7 @@ SEEDED = SearchConfig(n=4, beam_width=2, num_iterations=2, max_step_tokens=40, m
 
 @pytest.fixture(scope="module")
 def policy_runs(generator_model, prm_model, math500_path):
-    problems = load_problems("math500", dataset_path=str(math500_path), limit=2)
+    problems = load_problems(DatasetConfig(dataset_path=str(math500_path), limit=2))
     runs = {}
     for policy in ("alternate", "batched"):
         runtime = Runtime(generator_model, prm_model, memory=MemoryConfig(device_memory=3 << 30),

@@ -22,7 +22,7 @@ from search.prm import REWARD_HEAD_CLASSES, check_prm_head, make_prm_format
 from tts_runtime import Engine, EngineConfig, ScoreParams
 from tts_runtime.config import ConfigError
 from tts_runtime.models.loader import LoadedModel, load_model, load_tokenizer
-from tts_runtime.runs.datasets import load_problems
+from tts_runtime.runs.datasets import DatasetConfig, load_problems
 
 SEPARATOR = "<extra_0>"
 STEPS = ["We need $x^2 = 16$, so $x = \\pm 4$.", "The positive root is $4$.",
@@ -70,7 +70,7 @@ def tiny_prm(tmp_path_factory, generator_model: LoadedModel) -> tuple[TinyQwenPR
 
 @pytest.fixture(scope="module")
 def question(math500_path: Path) -> str:
-    return load_problems("math500", dataset_path=str(math500_path), limit=1)[0].question
+    return load_problems(DatasetConfig(dataset_path=str(math500_path), limit=1))[0].question
 
 
 def test_checkpoint_loads_the_reward_head(tiny_prm):
@@ -127,7 +127,7 @@ def test_beam_search_scores_steps_with_the_head(tiny_prm, generator_model, math5
     from tts_runtime.cohost.runtime import Runtime
 
     _, loaded = tiny_prm
-    problems = load_problems("math500", dataset_path=str(math500_path), levels={1}, limit=1)
+    problems = load_problems(DatasetConfig(dataset_path=str(math500_path), levels=(1,), limit=1))
     config = SearchConfig(method="beam", n=2, beam_width=2, num_iterations=2, max_step_tokens=16, max_tokens=48,
                           temperature=0.0, problem_batch=1)
     runtime = Runtime(generator_model, loaded, memory=MemoryConfig(device_memory=2 << 30))

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from tts_runtime.runs.datasets import load_problems
+from tts_runtime.runs.datasets import DatasetConfig, load_problems
 from tts_runtime.runs.run_folder import METRICS_FILE, RunFolder
 from tts_runtime.runs.run import run_into_folder
 from search.config import SearchConfig
@@ -78,10 +78,18 @@ def test_accuracy_at_k_grades_each_column():
                                                             for k in (1, 2, 4, 8)}
 
 
+def test_accuracy_at_k_with_the_qwen_grader():
+    """Qwen's math_equal also accepts the reference / 100 and * 100: `2` is right for `200`."""
+    row = {**sal_row(PROBLEM, _result(), n=8), "answer": "200"}
+    by_qwen, by_math_verify = accuracy_at_k([row], n=8, grader="qwen"), accuracy_at_k([row], n=8)
+    assert by_qwen["weighted@2"] == 1.0 and by_qwen["maj@2"] == 0.0 and by_qwen["weighted@8"] == 0.0
+    assert by_math_verify["weighted@2"] == 0.0
+
+
 def test_a_run_writes_the_completions_file_and_accuracy_at_k(search_runtime, math500_path, tmp_path):
     config = SearchConfig(method="beam", n=4, beam_width=2, num_iterations=1, max_step_tokens=16, max_tokens=32,
                           problem_batch=2, temperature=0.0)
-    problems = load_problems("math500", dataset_path=str(math500_path), levels={1}, limit=2)
+    problems = load_problems(DatasetConfig(dataset_path=str(math500_path), levels=(1,), limit=2))
     with RunFolder.open(tmp_path / "run", resume=False) as folder:
         outcome = run_into_folder(search_runtime, problems, config, folder)
     rows = [json.loads(line) for line in (tmp_path / "run" / completions_file("beam")).read_text().splitlines()]
@@ -93,3 +101,4 @@ def test_a_run_writes_the_completions_file_and_accuracy_at_k(search_runtime, mat
     assert {"pred_weighted@4", "pred_maj@4", "pred_naive@4", "pred_naive@1"} <= set(rows[0])
     metrics = json.loads((tmp_path / "run" / METRICS_FILE).read_text())
     assert set(metrics["accuracy_at_k"]) == {f"{v}@{k}" for v in ("naive", "weighted", "maj") for k in (1, 2, 4)}
+    assert metrics["grader"] == "math-verify"

@@ -27,7 +27,7 @@ from search import ProblemResult, SearchConfig
 from tests.conftest import GENERATOR, PRM
 from tts_runtime.cli import app
 from tts_runtime.config import EngineConfig, ModelSpec
-from tts_runtime.runs.datasets import load_problems
+from tts_runtime.runs.datasets import DatasetConfig, load_problems
 from tts_runtime.runs.ray_pool import ReplicaPool, ray_cluster
 from tts_runtime.runs.run import RunOutcome
 from tts_runtime.runs.run_folder import METRICS_FILE, RESULTS_FILE, RunFolder
@@ -70,7 +70,7 @@ def test_local_cluster_listens_on_loopback_only(cluster):
 
 @pytest.fixture(scope="module")
 def problems(math500_path: Path):
-    return load_problems("math500", dataset_path=str(math500_path), limit=3)
+    return load_problems(DatasetConfig(dataset_path=str(math500_path), limit=3))
 
 
 def _run(folder: Path, problems, replicas: int, **hooks) -> RunOutcome:

@@ -20,7 +20,7 @@ from search.grading import grade, majority_pick, weighted_pick
 from search.problem import Problem
 from search.session import SearchSession
 from tts_runtime.config import ConfigError
-from tts_runtime.runs.datasets import load_problems
+from tts_runtime.runs.datasets import DatasetConfig, load_problems
 
 # eos_sampling off: the last iteration is one more step, so every iteration is comparable
 # (tests/test_semantics.py covers the default run to the end).
@@ -29,7 +29,7 @@ SMALL = dict(n=4, beam_width=2, num_iterations=2, max_step_tokens=40, max_tokens
 
 @pytest.fixture(scope="module")
 def problems(math500_path):
-    return load_problems("math500", dataset_path=str(math500_path), limit=3)
+    return load_problems(DatasetConfig(dataset_path=str(math500_path), limit=3))
 
 
 class Recorder:

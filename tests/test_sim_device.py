@@ -128,14 +128,14 @@ def test_beam_runs_end_to_end_on_the_sim(tmp_path, math500_path):
 
 
 def test_hidden_driver_runs_the_search_to_the_end(generator_model, prm_model, math500_path):
-    from tts_runtime.runs.datasets import load_problems
+    from tts_runtime.runs.datasets import DatasetConfig, load_problems
     from memory.split import MemoryConfig
     from search.config import SearchConfig
     from search.driver import run_search
     from tts_runtime.config import CohostConfig
     from tts_runtime.cohost.runtime import Runtime
 
-    problems = load_problems("math500", dataset_path=str(math500_path), limit=3)
+    problems = load_problems(DatasetConfig(dataset_path=str(math500_path), limit=3))
     config = EngineConfig(device="sim", cohost=CohostConfig(phase_policy="batched", hide_driver=True))
     runtime = Runtime(generator_model, prm_model, memory=MemoryConfig(device_memory=4 << 30), engine_config=config)
     try:

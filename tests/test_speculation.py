@@ -14,7 +14,7 @@ from search import ProblemResult, SearchConfig, run_search
 from tts_runtime.cli import app
 from tts_runtime.config import ConfigError
 from tts_runtime.engine.request import SamplingParams
-from tts_runtime.runs.datasets import load_problems
+from tts_runtime.runs.datasets import DatasetConfig, load_problems
 
 # n=4, M=2: two survivors, two copies each; three iterations, the last runs to the end
 # (eos_sampling, max_tokens 48), so speculation covers steps and the run to the end.
@@ -24,7 +24,7 @@ TINY = dict(method="beam", n=4, beam_width=2, num_iterations=3, max_step_tokens=
 
 @pytest.fixture(scope="module")
 def problems(math500_path):
-    return load_problems("math500", dataset_path=str(math500_path), limit=1)
+    return load_problems(DatasetConfig(dataset_path=str(math500_path), limit=1))
 
 
 @pytest.fixture(scope="module")

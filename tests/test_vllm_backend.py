@@ -33,12 +33,12 @@ SMALL = EngineConfig(cache=CacheConfig(kv_cache_bytes=KV_BYTES),
 
 @pytest.fixture(scope="module")
 def math_prompts(generator_model, math500_path) -> list[list[int]]:
-    from tts_runtime.runs.datasets import load_problems
+    from tts_runtime.runs.datasets import DatasetConfig, load_problems
     from search.prompts import PromptBuilder
 
     builder = PromptBuilder(generator_model.tokenizer)
-    return [builder.prompt_token_ids(p.question) for p in load_problems("math500", dataset_path=str(math500_path),
-                                                                         limit=3)]
+    problems = load_problems(DatasetConfig(dataset_path=str(math500_path), limit=3))
+    return [builder.prompt_token_ids(p.question) for p in problems]
 
 
 @pytest.fixture(scope="module")
@@ -84,10 +84,10 @@ def test_stop_strings_n_and_finish_reasons(vllm_generator, math_prompts):
 
 @needs_vllm
 def test_prm_scores_equal_the_native_engine(prm_model, vllm_prm, math500_path):
-    from tts_runtime.runs.datasets import load_problems
+    from tts_runtime.runs.datasets import DatasetConfig, load_problems
     from search.prm import make_prm_format
 
-    question = load_problems("math500", dataset_path=str(math500_path), limit=1)[0].question
+    question = load_problems(DatasetConfig(dataset_path=str(math500_path), limit=1))[0].question
     steps = ["Let me write the expression out.\n\n", "So the answer is $\\boxed{3}$.\n\n"]
     fmt = make_prm_format("judge", prm_model.tokenizer)
     queries = [fmt.build(question, steps[:k]) for k in (1, 2)]

@@ -17,6 +17,21 @@ class ModelSpec:
 
     model: str
     dtype: str = "auto"  # "auto", "float32", "bfloat16", "float16"
+    # Branch, tag or commit of a Hugging Face Hub model (the same as `model@revision`).
+    revision: str | None = None
+
+    def __post_init__(self) -> None:
+        # Folded into the name the registry resolves (`org/name@revision`), so loading, PRM
+        # detection and the run record all see the one pinned spelling.
+        if self.revision is None:
+            return
+        name, at, pinned = self.model.partition("@")
+        if not self.revision.strip():
+            raise ConfigError(f"--revision for {self.model} is empty; name a branch, tag or commit, or drop it")
+        if at and pinned != self.revision:
+            raise ConfigError(f"model {self.model} pins revision '{pinned}' but --revision is '{self.revision}'; "
+                              "give the revision once")
+        object.__setattr__(self, "model", f"{name}@{self.revision}")
 
 
 @dataclass(frozen=True)

@@ -23,6 +23,7 @@ from tts_runtime.cli.options import config_command
 from tts_runtime.cohost.runtime import Runtime
 from tts_runtime.config import ConfigError
 from tts_runtime.models.registry import resolve
+from tts_runtime.runs.datasets import load_problems
 from tts_runtime.runs.run import run_into_folder, run_record
 from tts_runtime.runs.run_config import RunConfig
 from tts_runtime.runs.run_folder import RunFolder
@@ -41,7 +42,7 @@ def _make_search_command(app: typer.Typer, method: str, summary: str) -> None:
 
 
 def _run_search_command(run: RunConfig) -> None:
-    problems = run.dataset.load()
+    problems = load_problems(run.dataset)
     if not problems:
         raise ConfigError("no problem matches the dataset filters (--limit, --levels, --ids)")
     generator, prm = run.models.specs()

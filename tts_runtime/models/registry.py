@@ -107,12 +107,19 @@ def resolve(name: str) -> ResolvedModel:
         return ResolvedModel("gguf", path)
     if path.is_dir() and (path / "config.json").is_file():
         return ResolvedModel("hf", path)
+    if "@" in name and _is_local(name.partition("@")[0]):
+        raise ConfigError(f"model '{name}': a revision (@... or --revision) applies to Hugging Face Hub ids only, "
+                          f"and '{name.partition('@')[0]}' is a local model; drop the revision")
     if not path.exists() and _HUB_ID.fullmatch(name):
         repo_id, _, revision = name.partition("@")
         return ResolvedModel("hf", hub_snapshot(repo_id, revision or None))
     known = ", ".join(list(ALIASES) + [f"dummy:{k}" for k in BUILTIN_CONFIGS])
     raise ConfigError(f"unknown model '{name}': not an alias ({known}), a .gguf file, an HF folder with "
                       "config.json, or a Hugging Face Hub id (org/name)")
+
+
+def _is_local(name: str) -> bool:
+    return name in ALIASES or name.startswith("dummy:") or Path(name).expanduser().exists()
 
 
 # org/name, optionally @revision (a branch, tag or commit)

@@ -54,7 +54,7 @@ def run_record(run: RunConfig, command: Sequence[str]) -> dict[str, Any]:
     return {
         **run.to_dict(),
         "resolved": {"dtype": str(resolve_dtype(run.models.dtype, device)),
-                     "prm_format": prm_format_name(run.search, run.models.prm)},
+                     "prm_format": prm_format_name(run.search, run.models.specs()[1].model)},
         **environment(device),
         "command": list(command),
     }
@@ -113,7 +113,8 @@ def run_into_folder(runtime: Runtime, problems: Sequence[Problem], config: Searc
         outcome.metrics["failed"] = failed_metrics(outcome.failed)
         rows = sal_rows(problems, previous + outcome.new, config)
         folder.write_rows(completions_file(config.method), rows)
-        outcome.metrics["accuracy_at_k"] = accuracy_at_k(rows, config.n)
+        outcome.metrics["grader"] = config.grader
+        outcome.metrics["accuracy_at_k"] = accuracy_at_k(rows, config.n, config.grader)
         folder.write_metrics(outcome.metrics)
 
     try:

@@ -161,5 +161,6 @@ def run_scaled(spec: ReplicaSpec, problems: Sequence[Problem], config: SearchCon
                                   _sum_counters([counters for counters, _ in reports]), memory)
     outcome.metrics["scaleout"] = {**pool.stats(), "startup_seconds": startup, "failed": failed}
     outcome.metrics["failed"] = failed_metrics(outcome.failed)
+    outcome.metrics["grader"] = config.grader
     folder.write_metrics(outcome.metrics)
     return outcome
