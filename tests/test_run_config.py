@@ -144,3 +144,44 @@ def test_tts_beam_runs_a_config_file_and_its_run_folder_reruns_from_config_json(
                              capture_output=True, text=True, timeout=300)
     assert changed.returncode == 2 and "loading" not in changed.stderr
     assert changed.stderr.strip().splitlines()[-1].startswith(f"error: cannot resume {first}: its search differ")
+
+
+RECIPES = sorted(Path(__file__).resolve().parents[1].glob("recipes/*/*.yaml"))
+COMMANDS = {"beam_search": "beam", "best_of_n": "bon", "dvts": "dvts"}
+
+
+@pytest.mark.parametrize("recipe", RECIPES, ids=lambda path: f"{path.parent.name}/{path.stem}")
+def test_every_shipped_recipe_is_a_valid_configuration_of_its_command(recipe):
+    method = COMMANDS[recipe.stem]
+    run = compose(with_options(RunConfig(), {"method": method}), recipe, {}, FLAGS - {"method"},
+                  {"method": method})
+    assert run.search.method == method and run.models.generator.startswith("meta-llama/Llama-3.2-")
+    other = next(command for command in COMMANDS.values() if command != method)
+    with pytest.raises(ConfigError, match="fixes at"):
+        compose(RunConfig(), recipe, {}, FLAGS - {"method"}, {"method": other})
+
+
+def test_a_search_and_learn_recipe_file_loads_unchanged(tmp_path):
+    recipe = tmp_path / "beam_search.yaml"  # S&L's keys, as its recipes/ write them
+    recipe.write_text("approach: beam_search\nn: 4\nbeam_width: 4\nnum_iterations: 40\nseed: 0\n"
+                      "model_path: meta-llama/Llama-3.2-1B-Instruct\nprm_path: RLHFlow/Llama3.1-8B-PRM-Deepseek-Data\n"
+                      "search_batch_size: 25\nnum_samples: 10\nsort_completed: false\nfilter_duplicates: true\n")
+    run = compose(with_options(RunConfig(), {"method": "beam"}), recipe, {}, FLAGS - {"method"}, {"method": "beam"})
+    assert (run.search.n, run.search.seed, run.dataset.limit) == (4, 0, 10)
+    assert run.models.prm == "RLHFlow/Llama3.1-8B-PRM-Deepseek-Data"
+
+
+@pytest.mark.slow
+def test_a_shipped_recipe_runs_on_the_demo_models(tmp_path, math500_path):
+    """The Llama-3.2-1B beam-search recipe as tts runs it, on the demo pair and a tiny budget."""
+    out = tmp_path / "run"
+    command = [sys.executable, "-m", "tts_runtime.cli", "beam", "--config",
+               str(next(path for path in RECIPES if path.match("Llama-3.2-1B-Instruct/beam_search.yaml"))),
+               "--generator", "smollm2-135m-instruct", "--prm", "gemma3-270m", "--dataset-path", str(math500_path),
+               "--limit", "1", "--num-iterations", "2", "--max-step-tokens", "32", "--max-tokens", "48",
+               "--device-memory", "3GiB", "--out", str(out)]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    config = json.loads((out / "config.json").read_text())
+    assert config["search"]["seed"] == 0 and config["search"]["filter_duplicates"] is True
+    assert len((out / "results.jsonl").read_text().splitlines()) == 1

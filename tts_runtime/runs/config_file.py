@@ -1,9 +1,11 @@
 """`--config FILE`: options from a YAML or JSON file.
 
-Two layouts are read: flat, one key per option (`n: 8`, `beam_width: 4`, `memory_split: 0.4`;
-dashes or underscores), and nested, the sections of a run folder's `config.json` (`search:`,
-`dataset:`, `models:` ...), so a finished run's configuration can be run again. Keys are
-option names; an unknown key is a one-line error naming it.
+Three layouts are read: flat, one key per option (`n: 8`, `beam_width: 4`, `memory_split: 0.4`;
+dashes or underscores); nested, the sections of a run folder's `config.json` (`search:`,
+`dataset:`, `models:` ...), so a finished run's configuration can be run again; and
+search-and-learn's recipe files as they are (`approach`, `model_path`, `prm_path` ...;
+tts_runtime/runs/sal_recipe.py maps each key to our option). An unknown key is a one-line
+error naming it.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import yaml
 from tts_runtime.config import ConfigError
 from tts_runtime.options import option_fields
 from tts_runtime.runs.run_config import RunConfig
+from tts_runtime.runs.sal_recipe import is_sal_recipe, translate_recipe
 
 # What a run folder's config.json records beside the configuration: read past, not options.
 RECORD_KEYS = frozenset({"resolved", "versions", "machine", "command"})
@@ -25,6 +28,8 @@ RECORD_KEYS = frozenset({"resolved", "versions", "machine", "command"})
 def read_config_file(path: Path) -> dict[str, Any]:
     """The file's options, by option name (flag with underscores)."""
     raw = _load(path)
+    if is_sal_recipe(raw):
+        return translate_recipe(raw)
     by_path = {spec.path: flag for flag, spec in option_fields(RunConfig).items()}
     options: dict[str, Any] = {}
     _flatten(raw, (), by_path, options, path)
