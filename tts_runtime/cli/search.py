@@ -61,7 +61,8 @@ def _run_search_command(run: RunConfig) -> None:
     try:
         runtime = Runtime(generator, prm, memory=run.memory, engine_config=run.engine, backend=run.backend)
     except KeyboardInterrupt:
-        console.print(f"interrupted while loading the models; nothing was searched ({folder.path})")
+        console.print(f"interrupted while loading the models; nothing was searched ({folder.path})",
+                      soft_wrap=True, markup=False)
         raise typer.Exit(130) from None
     try:
         live = SearchProgress()
@@ -71,7 +72,7 @@ def _run_search_command(run: RunConfig) -> None:
                                       progress=live)
     except KeyboardInterrupt:
         console.print(f"interrupted: finished problems are in {folder.path}; continue with --resume "
-                      f"--out {shlex.quote(str(folder.path))}")
+                      f"--out {shlex.quote(str(folder.path))}", soft_wrap=True, markup=False)
         raise typer.Exit(130) from None
     finally:
         runtime.shutdown()
