@@ -71,9 +71,7 @@ def _run_search_command(run: RunConfig) -> None:
             outcome = run_into_folder(runtime, problems, run.search, folder, on_result=progress.advance,
                                       progress=live)
     except KeyboardInterrupt:
-        console.print(f"interrupted: finished problems are in {folder.path}; continue with --resume "
-                      f"--out {shlex.quote(str(folder.path))}", soft_wrap=True, markup=False)
-        raise typer.Exit(130) from None
+        _interrupted(folder)
     finally:
         runtime.shutdown()
     _print_failures(outcome.failed)
@@ -102,15 +100,19 @@ def _run_scaled_command(run: RunConfig, problems: list, spec: ReplicaSpec, folde
         try:
             outcome = run_scaled(spec, problems, run.search, folder, scale, on_start=started, on_result=landed)
         except KeyboardInterrupt:
-            console.print(f"interrupted: finished problems are in {folder.path}; continue with --resume "
-                          f"--out {shlex.quote(str(folder.path))}")
-            raise typer.Exit(130) from None
+            _interrupted(folder)
     scaleout = outcome.metrics["scaleout"]
     _print_failures(outcome.failed)
     if scaleout["retries"] or scaleout["replica_restarts"]:
         console.print(f"{scaleout['retries']} problem(s) re-queued; {scaleout['replica_restarts']} replica(s) "
                       f"restarted, {scaleout['replicas_lost']} lost")
     _print_summary(outcome.metrics, folder.path)
+
+
+def _interrupted(folder: RunFolder) -> None:
+    console.print(f"interrupted: finished problems are in {folder.path}; continue with --resume "
+                  f"--out {shlex.quote(str(folder.path))}", soft_wrap=True, markup=False)
+    raise typer.Exit(130) from None
 
 
 class _Rate(ProgressColumn):
