@@ -155,7 +155,8 @@ def test_cli_end_to_end_on_three_problems(tmp_path, math500_path):
                      "prefix hit rate", "score-cache hit rate", "run folder"):
         assert fragment in done.stdout
     config = json.loads((out / "config.json").read_text())
-    assert config["models"] == {"generator": "smollm2-135m-instruct", "prm": "gemma3-270m", "dtype": "auto"}
+    assert config["models"] == {"generator": "smollm2-135m-instruct", "prm": "gemma3-270m", "dtype": "auto",
+                                "generator_revision": None, "prm_revision": None}
     assert config["resolved"] == {"dtype": AUTO_DTYPE, "prm_format": "judge"}
     assert config["search"]["n"] == 4 and config["search"]["beam_width"] == 2
     assert (config["search"]["temperature"], config["search"]["top_p"]) == (0.6, 0.9)
