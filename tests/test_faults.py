@@ -291,3 +291,57 @@ def test_ctrl_c_during_a_search_keeps_the_results_and_prints_no_traceback(tmp_pa
     assert "interrupted: finished problems are in" in output
     assert "Traceback" not in output and "never retrieved" not in output, output
     assert len((out / RESULTS_FILE).read_text().splitlines()) >= 1
+
+
+# -- content fingerprints for --resume (tts_runtime/runs/fingerprints.py) ----------------------
+
+def test_model_fingerprints_follow_content_not_names(tmp_path, generator_model):
+    from tts_runtime.runs.fingerprints import model_fingerprint
+
+    real = model_fingerprint(generator_model.folder)
+    assert real == model_fingerprint(generator_model.folder) and real["weights"]
+    assert all(entry["size"] > 0 for entry in real["weights"].values())
+    copy = tmp_path / "model"
+    copy.mkdir()
+    shutil.copy(generator_model.folder / "config.json", copy / "config.json")
+    weights = copy / "model.safetensors"
+    with weights.open("wb") as handle:  # sparse: 3 GiB on paper, a few blocks on disk
+        handle.truncate(3 << 30)
+    before = model_fingerprint(copy)
+    with weights.open("r+b") as handle:  # a byte in the middle is not read (fast by design) ...
+        handle.seek(3 << 29)
+        handle.write(b"x")
+    assert model_fingerprint(copy) == before
+    with weights.open("r+b") as handle:  # ... the last MiB is
+        handle.seek((3 << 30) - 10)
+        handle.write(b"x")
+    changed = model_fingerprint(copy)
+    assert changed["weights"] != before["weights"] and changed["config_sha256"] == before["config_sha256"]
+    (copy / "config.json").write_text((copy / "config.json").read_text().replace("}", ', "edited": 1}', 1))
+    assert model_fingerprint(copy)["config_sha256"] != changed["config_sha256"]
+    gguf = tmp_path / "model.gguf"
+    gguf.write_bytes(b"GGUF" + bytes(range(256)) * 10_000)
+    single = model_fingerprint(gguf)
+    assert single["kind"] == "file" and single["weights"]["model.gguf"]["size"] == gguf.stat().st_size
+    started = time.monotonic()
+    with (tmp_path / "big.gguf").open("wb") as handle:
+        handle.truncate(8 << 30)
+    model_fingerprint(tmp_path / "big.gguf")
+    assert time.monotonic() - started < 2.0  # 8 GiB: two MiB read, not the file
+    for bad in (tmp_path / "missing", tmp_path):
+        with pytest.raises(ConfigError, match="model"):
+            model_fingerprint(bad)
+
+
+def test_dataset_fingerprints_hash_the_whole_file(tmp_path, math500_path):
+    import hashlib
+
+    from tts_runtime.runs.fingerprints import dataset_fingerprint
+
+    data = math500_path.read_bytes()
+    assert dataset_fingerprint(math500_path) == {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+    edited = tmp_path / "test.jsonl"
+    edited.write_bytes(data.replace(b"\\frac", b"\\dfrac", 1))
+    assert dataset_fingerprint(edited)["sha256"] != dataset_fingerprint(math500_path)["sha256"]
+    with pytest.raises(ConfigError, match="--dataset-path"):
+        dataset_fingerprint(tmp_path / "none.jsonl")
