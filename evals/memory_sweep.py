@@ -102,6 +102,15 @@ class SweepSetting:
         return f"static {self.prm_fraction:.2f}" if self.policy == "static" else self.policy
 
 
+# Splits closer than a percent of the memory differ by less than a KV block of the demo
+# models, and every setting is a full search: past these, a sweep is a typo, not a plan.
+MAX_SPLITS = 99
+MAX_REPEATS = 100
+MAX_RUNS = 2000  # settings x repeats
+MAX_REPLICAS = 1024
+MAX_THREADS = 1024
+
+
 def parse_splits(text: str) -> list[float]:
     """'0.1:0.9:0.1' (start:stop:step, stop included) or '0.2,0.5'."""
     try:
@@ -110,18 +119,37 @@ def parse_splits(text: str) -> list[float]:
             if step <= 0:
                 raise ValueError
             count = int(round((stop - start) / step)) + 1
-            splits = [round(start + i * step, 6) for i in range(count)]
         else:
             splits = [float(x) for x in text.split(",") if x.strip()]
-    except ValueError:
+            count = len(splits)
+    except (ValueError, OverflowError):
         raise ConfigError(f"cannot read splits '{text}'; write start:stop:step (0.1:0.9:0.1) "
                           "or a list (0.2,0.5)") from None
+    if count > MAX_SPLITS:  # checked before the list is built: a tiny step would fill the memory
+        raise ConfigError(f"splits '{text}' name {count} splits; at most {MAX_SPLITS} (a step of at least "
+                          "0.01, e.g. 0.1:0.9:0.1)")
+    if ":" in text:
+        splits = [round(start + i * step, 6) for i in range(count)]
     if not splits and ":" in text:
         raise ConfigError(f"splits '{text}' name no split: start:stop:step needs start <= stop")
     bad = [s for s in splits if not 0 < s < 1]
     if not splits or bad:
         raise ConfigError(f"memory split must be in (0, 1), got {bad or text}")
     return splits
+
+
+def check_sweep_bounds(settings: list[SweepSetting], repeats: int, replicas: int | None,
+                       threads_per_replica: int) -> None:
+    """The sweep's size and parallelism, refused in one line when absurd (before any model loads)."""
+    if not 1 <= repeats <= MAX_REPEATS:
+        raise ConfigError(f"--repeats must be in 1..{MAX_REPEATS}, got {repeats}")
+    if len(settings) * repeats > MAX_RUNS:
+        raise ConfigError(f"{len(settings)} settings x {repeats} repeats is {len(settings) * repeats} searches; "
+                          f"at most {MAX_RUNS}: use fewer --splits or --repeats")
+    if replicas is not None and not 1 <= replicas <= MAX_REPLICAS:
+        raise ConfigError(f"--replicas must be in 1..{MAX_REPLICAS}, got {replicas}")
+    if not 1 <= threads_per_replica <= MAX_THREADS:
+        raise ConfigError(f"--threads-per-replica must be in 1..{MAX_THREADS}, got {threads_per_replica}")
 
 
 def settings_for(splits: list[float], policies: list[str]) -> list[SweepSetting]:
@@ -555,6 +583,7 @@ def sweep_memory(
         policies = "static,auto" if backend == "vllm" else "static,auto,elastic"
     chosen = [p.strip() for p in policies.split(",") if p.strip()]
     settings = settings_for(parse_splits(splits), chosen)
+    check_sweep_bounds(settings, repeats, replicas, threads_per_replica)
     if backend != "native" and (replicas is not None or ray_address is not None):
         raise ConfigError("--backend vllm runs in this process; Ray replicas (--replicas, --ray-address) "
                           "serve the native engine")
@@ -568,8 +597,6 @@ def sweep_memory(
                           utilization=utilization)
     engine_config = EngineConfig(device=device, scheduler=SchedulerConfig(max_num_batched_tokens=max_num_batched_tokens),
                                  cache=CacheConfig(host_kv_bytes=parse_size(host_kv_memory)))
-    if repeats < 1:
-        raise ConfigError(f"repeats must be >= 1, got {repeats}")
     parallel = None
     if replicas is not None or ray_address is not None:
         scale = ScaleOut(replicas=1 if replicas is None else replicas, address=ray_address,

@@ -237,6 +237,14 @@ def test_a_broken_assembled_demo_model_is_assembled_again(tmp_path):
     (["beam", "--ids", "test/algebra/1349.json,test/algebra/none.json"],
      "--ids entries that match no problem: test/algebra/none.json"),
     (["beam", "--levels", "1,9"], "--levels entries that match no problem: 9"),
+    (["sweep-memory", "--splits", "0.000001:0.999999:0.000001"], "name 999999 splits; at most 99"),
+    (["sweep-memory", "--splits", ",".join(["0.5"] * 1000)], "name 1000 splits; at most 99"),
+    (["sweep-memory", "--splits", "0:1e999:0.1"], "cannot read splits '0:1e999:0.1'"),
+    (["sweep-memory", "--repeats", "1000000"], "--repeats must be in 1..100, got 1000000"),
+    (["sweep-memory", "--splits", "0.01:0.99:0.01", "--repeats", "30"], "is 3030 searches; at most 2000"),
+    (["sweep-memory", "--replicas", "0"], "--replicas must be in 1..1024, got 0"),
+    (["sweep-memory", "--replicas", "1000000"], "--replicas must be in 1..1024, got 1000000"),
+    (["sweep-memory", "--threads-per-replica", "0"], "--threads-per-replica must be in 1..1024, got 0"),
 ])
 def test_bad_options_are_one_line_errors(args, fragment, math500_path, tmp_path):
     from typer.testing import CliRunner
