@@ -52,6 +52,7 @@ from search.config import SearchConfig
 from search.driver import run_search
 from search.prm import make_prm_format
 from search.prm_detect import detect_prm_format
+from search.prm_fit import check_prm_fit
 from search.prompts import PromptBuilder
 from tts_runtime.cohost.runtime import Runtime, check_backend, profile_models
 from tts_runtime.config import CacheConfig, ConfigError, EngineConfig, SchedulerConfig, resolve_device, resolve_dtype
@@ -170,7 +171,9 @@ def search_workload(config: SearchConfig, problems: list[Problem], generator: Lo
     models' demands decides the split)."""
     questions = [p.question for p in problems] or ["?"]
     builder = PromptBuilder(generator.tokenizer)
-    prm_format = make_prm_format(config.prm_format or detect_prm_format(prm.name), prm.tokenizer)
+    format_name = config.prm_format or detect_prm_format(prm.name)
+    check_prm_fit(format_name, prm.name, prm.tokenizer)
+    prm_format = make_prm_format(format_name, prm.tokenizer)
     gen_prompt = statistics.fmean(len(builder.prompt_token_ids(q)) for q in questions)
     prm_prompt = statistics.fmean(len(prm_format.build(q, ["."]).token_ids) for q in questions)
     in_flight = min(config.problem_batch, max(len(problems), 1))

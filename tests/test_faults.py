@@ -353,3 +353,91 @@ def test_dataset_fingerprints_hash_the_whole_file(tmp_path, math500_path):
     assert dataset_fingerprint(edited)["sha256"] != dataset_fingerprint(math500_path)["sha256"]
     with pytest.raises(ConfigError, match="--dataset-path"):
         dataset_fingerprint(tmp_path / "none.jsonl")
+
+
+# -- PRM fit checks: refuse instead of guessing (search/prm_fit.py) ----------------------------
+
+def _tokenizer(folder: Path):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(folder)
+
+
+def _without_chat_template(source: Path, target: Path) -> Path:
+    """A copy of a real model folder whose tokenizer has no chat template (weights linked)."""
+    target.mkdir()
+    for item in source.iterdir():
+        if item.name == "chat_template.jinja":
+            continue
+        if item.suffix == ".safetensors":
+            (target / item.name).symlink_to(item)
+        else:
+            shutil.copy(item, target / item.name)
+    config = json.loads((target / "tokenizer_config.json").read_text())
+    config.pop("chat_template", None)
+    (target / "tokenizer_config.json").write_text(json.dumps(config))
+    return target
+
+
+def test_the_demo_prms_fit_their_formats(generator_model, prm_model):
+    from search.prm_fit import check_prm_fit
+
+    check_prm_fit("judge", prm_model.name, prm_model.tokenizer)  # Gemma: no template, its own turn markers
+    assert not prm_model.tokenizer.chat_template
+    for name in ("rlhflow", "math-shepherd", "math-shepherd-sal", "judge", "qwen-prm"):
+        check_prm_fit(name, generator_model.name, generator_model.tokenizer)  # SmolLM2: ChatML template
+
+
+def test_scoring_words_and_turn_formats_are_those_prm_py_uses(tmp_path, generator_model):
+    from search.prm import GEMMA_MODEL_TO_USER, GEMMA_USER_TO_MODEL, PRM_FORMATS, make_prm_format
+    from search.prm_fit import GEMMA_MARKERS, SCORING_WORDS, TURN_FORMATS
+
+    tokenizer = generator_model.tokenizer
+    assert set(SCORING_WORDS) == set(PRM_FORMATS)
+    for name, words in SCORING_WORDS.items():
+        if words:
+            ids = make_prm_format(name, tokenizer).candidate_token_ids
+            assert tuple(ids) == tuple(tokenizer.encode(w, add_special_tokens=False)[0] for w in words)
+    bare = _tokenizer(_without_chat_template(generator_model.folder, tmp_path / "bare"))
+    for name in PRM_FORMATS:  # a format is a turn format iff it falls back to Gemma's markers
+        text = bare.decode(make_prm_format(name, bare).build("What is 1+1?", ["1+1=2"]).token_ids)
+        assert ("<start_of_turn>" in text) == (name in TURN_FORMATS), name
+    assert all(marker in GEMMA_USER_TO_MODEL + GEMMA_MODEL_TO_USER for marker in GEMMA_MARKERS)
+
+
+def test_a_turn_format_without_a_chat_template_is_refused(tmp_path, generator_model):
+    from search.prm_fit import check_prm_fit
+
+    bare = _tokenizer(_without_chat_template(generator_model.folder, tmp_path / "bare"))
+    for name in ("judge", "rlhflow", "qwen-prm"):
+        with pytest.raises(ConfigError) as refused:
+            check_prm_fit(name, "my-prm", bare)
+        line = str(refused.value)
+        assert "\n" not in line and line.startswith(f"PRM my-prm: the {name} format lays its input out in chat turns")
+        assert "--prm-format math-shepherd" in line
+    check_prm_fit("math-shepherd", "my-prm", bare)  # no turns: fits
+
+
+def test_a_scoring_word_of_several_tokens_is_refused(prm_model, generator_model):
+    from search.prm_fit import check_prm_fit
+
+    for loaded in (prm_model, generator_model):
+        with pytest.raises(ConfigError) as refused:
+            check_prm_fit("qwen-prm", loaded.name, loaded.tokenizer, words=("correct!", "wrong!"))
+        line = str(refused.value)
+        assert "\n" not in line and f"PRM {loaded.name}: the qwen-prm format scores the word 'correct!'" in line
+        assert "encodes to 2 tokens" in line and "--prm-format" in line
+
+
+def test_a_search_with_a_prm_that_does_not_fit_stops_before_searching(tmp_path, math500_path, generator_model):
+    prm = _without_chat_template(generator_model.folder, tmp_path / "smollm-no-template")
+    done = subprocess.run([sys.executable, "-m", "tts_runtime.cli", "beam", "--dataset-path", str(math500_path),
+                           "--limit", "1", "--n", "2", "--beam-width", "2", "--num-iterations", "1",
+                           "--max-step-tokens", "8", "--max-tokens", "16", "--device-memory", "3GiB",
+                           "--prm", str(prm), "--prm-format", "judge", "--out", str(tmp_path / "run")],
+                          capture_output=True, text=True, timeout=600)
+    errors = [line for line in done.stderr.splitlines() if line.startswith("error: ")]
+    assert done.returncode != 0 and len(errors) == 1, done.stderr[-2000:]
+    assert f"PRM {prm}: the judge format lays its input out in chat turns" in errors[0]
+    assert "Traceback" not in done.stderr
+    assert not (tmp_path / "run" / "results.jsonl").exists()
