@@ -53,6 +53,7 @@ from search.config import SearchConfig
 from search.driver import run_search
 from search.prm import make_prm_format
 from search.prm_detect import detect_prm_format
+from search.prm_fit import check_prm_fit
 from search.prompts import PromptBuilder
 from tts_runtime.cohost.runtime import Runtime, check_backend, profile_models
 from tts_runtime.config import ConfigError, EngineConfig, resolve_device, resolve_dtype
@@ -104,6 +105,15 @@ class SweepSetting:
         return f"static {self.prm_fraction:.2f}" if self.policy == "static" else self.policy
 
 
+# Splits closer than a percent of the memory differ by less than a KV block of the demo
+# models, and every setting is a full search: past these, a sweep is a typo, not a plan.
+MAX_SPLITS = 99
+MAX_REPEATS = 100
+MAX_RUNS = 2000  # settings x repeats
+MAX_REPLICAS = 1024
+MAX_THREADS = 1024
+
+
 def parse_splits(text: str) -> list[float]:
     """'0.1:0.9:0.1' (start:stop:step, stop included) or '0.2,0.5'."""
     try:
@@ -112,18 +122,37 @@ def parse_splits(text: str) -> list[float]:
             if step <= 0:
                 raise ValueError
             count = int(round((stop - start) / step)) + 1
-            splits = [round(start + i * step, 6) for i in range(count)]
         else:
             splits = [float(x) for x in text.split(",") if x.strip()]
-    except ValueError:
+            count = len(splits)
+    except (ValueError, OverflowError):
         raise ConfigError(f"cannot read splits '{text}'; write start:stop:step (0.1:0.9:0.1) "
                           "or a list (0.2,0.5)") from None
+    if count > MAX_SPLITS:  # checked before the list is built: a tiny step would fill the memory
+        raise ConfigError(f"splits '{text}' name {count} splits; at most {MAX_SPLITS} (a step of at least "
+                          "0.01, e.g. 0.1:0.9:0.1)")
+    if ":" in text:
+        splits = [round(start + i * step, 6) for i in range(count)]
     if not splits and ":" in text:
         raise ConfigError(f"splits '{text}' name no split: start:stop:step needs start <= stop")
     bad = [s for s in splits if not 0 < s < 1]
     if not splits or bad:
         raise ConfigError(f"memory split must be in (0, 1), got {bad or text}")
     return splits
+
+
+def check_sweep_bounds(settings: list[SweepSetting], repeats: int, replicas: int | None,
+                       threads_per_replica: int) -> None:
+    """The sweep's size and parallelism, refused in one line when absurd (before any model loads)."""
+    if not 1 <= repeats <= MAX_REPEATS:
+        raise ConfigError(f"--repeats must be in 1..{MAX_REPEATS}, got {repeats}")
+    if len(settings) * repeats > MAX_RUNS:
+        raise ConfigError(f"{len(settings)} settings x {repeats} repeats is {len(settings) * repeats} searches; "
+                          f"at most {MAX_RUNS}: use fewer --splits or --repeats")
+    if replicas is not None and not 1 <= replicas <= MAX_REPLICAS:
+        raise ConfigError(f"--replicas must be in 1..{MAX_REPLICAS}, got {replicas}")
+    if not 1 <= threads_per_replica <= MAX_THREADS:
+        raise ConfigError(f"--threads-per-replica must be in 1..{MAX_THREADS}, got {threads_per_replica}")
 
 
 def settings_for(splits: list[float], policies: list[str]) -> list[SweepSetting]:
@@ -144,7 +173,9 @@ def search_workload(config: SearchConfig, problems: list[Problem], generator: Lo
     models' demands decides the split)."""
     questions = [p.question for p in problems] or ["?"]
     builder = PromptBuilder(generator.tokenizer)
-    prm_format = make_prm_format(config.prm_format or detect_prm_format(prm.name), prm.tokenizer)
+    format_name = config.prm_format or detect_prm_format(prm.name)
+    check_prm_fit(format_name, prm.name, prm.tokenizer)
+    prm_format = make_prm_format(format_name, prm.tokenizer)
     gen_prompt = statistics.fmean(len(builder.prompt_token_ids(q)) for q in questions)
     prm_prompt = statistics.fmean(len(prm_format.build(q, ["."]).token_ids) for q in questions)
     in_flight = min(config.problem_batch, max(len(problems), 1))
@@ -531,9 +562,8 @@ def sweep_memory(run: RunConfig, plan: SweepPlan, echo: Callable[[str], None] = 
     policies = plan.policies or ("static,auto" if run.backend == "vllm" else "static,auto,elastic")
     chosen = [p.strip() for p in policies.split(",") if p.strip()]
     settings = settings_for(parse_splits(plan.splits), chosen)
+    check_sweep_bounds(settings, plan.repeats, run.scale.replicas, run.scale.threads_per_replica)
     check_backend(run.backend, "elastic" if "elastic" in chosen else "static")
-    if plan.repeats < 1:
-        raise ConfigError(f"repeats must be >= 1, got {plan.repeats}")
     search, memory, engine_config, backend = run.search, run.memory, run.engine, run.backend
     generator, prm, dtype, device = run.models.generator, run.models.prm, run.models.dtype, run.engine.device
     repeats = plan.repeats

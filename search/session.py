@@ -15,6 +15,7 @@ from search.beam_state import Beam, StepCounts, step_seed
 from search.config import STEP_DELIMITER, SearchConfig
 from search.prm import PRMFormat, ScoreQuery, make_prm_format
 from search.prm_detect import detect_prm_format
+from search.prm_fit import check_prm_fit
 from search.problem import Problem
 from search.prompts import PromptBuilder
 from search.score_cache import ScoreCache
@@ -43,6 +44,7 @@ class SearchSession:
         self.prompts = PromptBuilder.configured(runtime.generator.tokenizer, config.system_prompt,
                                               config.chat_template)
         self.format_name = prm_format_name(config, runtime.prm.spec.model)
+        check_prm_fit(self.format_name, runtime.prm.spec.model, runtime.prm.tokenizer)
         self.prm_format: PRMFormat = make_prm_format(self.format_name, runtime.prm.tokenizer)
         # Scores depend on the PRM and on how its input is laid out.
         self.prm_key = f"{runtime.prm.spec.model}:{self.format_name}"

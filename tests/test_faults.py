@@ -237,6 +237,14 @@ def test_a_broken_assembled_demo_model_is_assembled_again(tmp_path):
     (["beam", "--ids", "test/algebra/1349.json,test/algebra/none.json"],
      "--ids entries that match no problem: test/algebra/none.json"),
     (["beam", "--levels", "1,9"], "--levels entries that match no problem: 9"),
+    (["sweep-memory", "--splits", "0.000001:0.999999:0.000001"], "name 999999 splits; at most 99"),
+    (["sweep-memory", "--splits", ",".join(["0.5"] * 1000)], "name 1000 splits; at most 99"),
+    (["sweep-memory", "--splits", "0:1e999:0.1"], "cannot read splits '0:1e999:0.1'"),
+    (["sweep-memory", "--repeats", "1000000"], "--repeats must be in 1..100, got 1000000"),
+    (["sweep-memory", "--splits", "0.01:0.99:0.01", "--repeats", "30"], "is 3030 searches; at most 2000"),
+    (["sweep-memory", "--replicas", "0"], "--replicas must be in 1..1024, got 0"),
+    (["sweep-memory", "--replicas", "1000000"], "--replicas must be in 1..1024, got 1000000"),
+    (["sweep-memory", "--threads-per-replica", "0"], "--threads-per-replica must be in 1..1024, got 0"),
 ])
 def test_bad_options_are_one_line_errors(args, fragment, math500_path, tmp_path):
     from typer.testing import CliRunner
@@ -291,3 +299,145 @@ def test_ctrl_c_during_a_search_keeps_the_results_and_prints_no_traceback(tmp_pa
     assert "interrupted: finished problems are in" in output
     assert "Traceback" not in output and "never retrieved" not in output, output
     assert len((out / RESULTS_FILE).read_text().splitlines()) >= 1
+
+
+# -- content fingerprints for --resume (tts_runtime/runs/fingerprints.py) ----------------------
+
+def test_model_fingerprints_follow_content_not_names(tmp_path, generator_model):
+    from tts_runtime.runs.fingerprints import model_fingerprint
+
+    real = model_fingerprint(generator_model.folder)
+    assert real == model_fingerprint(generator_model.folder) and real["weights"]
+    assert all(entry["size"] > 0 for entry in real["weights"].values())
+    copy = tmp_path / "model"
+    copy.mkdir()
+    shutil.copy(generator_model.folder / "config.json", copy / "config.json")
+    weights = copy / "model.safetensors"
+    with weights.open("wb") as handle:  # sparse: 3 GiB on paper, a few blocks on disk
+        handle.truncate(3 << 30)
+    before = model_fingerprint(copy)
+    with weights.open("r+b") as handle:  # a byte in the middle is not read (fast by design) ...
+        handle.seek(3 << 29)
+        handle.write(b"x")
+    assert model_fingerprint(copy) == before
+    with weights.open("r+b") as handle:  # ... the last MiB is
+        handle.seek((3 << 30) - 10)
+        handle.write(b"x")
+    changed = model_fingerprint(copy)
+    assert changed["weights"] != before["weights"] and changed["config_sha256"] == before["config_sha256"]
+    (copy / "config.json").write_text((copy / "config.json").read_text().replace("}", ', "edited": 1}', 1))
+    assert model_fingerprint(copy)["config_sha256"] != changed["config_sha256"]
+    gguf = tmp_path / "model.gguf"
+    gguf.write_bytes(b"GGUF" + bytes(range(256)) * 10_000)
+    single = model_fingerprint(gguf)
+    assert single["kind"] == "file" and single["weights"]["model.gguf"]["size"] == gguf.stat().st_size
+    started = time.monotonic()
+    with (tmp_path / "big.gguf").open("wb") as handle:
+        handle.truncate(8 << 30)
+    model_fingerprint(tmp_path / "big.gguf")
+    assert time.monotonic() - started < 2.0  # 8 GiB: two MiB read, not the file
+    for bad in (tmp_path / "missing", tmp_path):
+        with pytest.raises(ConfigError, match="model"):
+            model_fingerprint(bad)
+
+
+def test_dataset_fingerprints_hash_the_whole_file(tmp_path, math500_path):
+    import hashlib
+
+    from tts_runtime.runs.fingerprints import dataset_fingerprint
+
+    data = math500_path.read_bytes()
+    assert dataset_fingerprint(math500_path) == {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+    edited = tmp_path / "test.jsonl"
+    edited.write_bytes(data.replace(b"\\frac", b"\\dfrac", 1))
+    assert dataset_fingerprint(edited)["sha256"] != dataset_fingerprint(math500_path)["sha256"]
+    with pytest.raises(ConfigError, match="--dataset-path"):
+        dataset_fingerprint(tmp_path / "none.jsonl")
+
+
+# -- PRM fit checks: refuse instead of guessing (search/prm_fit.py) ----------------------------
+
+def _tokenizer(folder: Path):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(folder)
+
+
+def _without_chat_template(source: Path, target: Path) -> Path:
+    """A copy of a real model folder whose tokenizer has no chat template (weights linked)."""
+    target.mkdir()
+    for item in source.iterdir():
+        if item.name == "chat_template.jinja":
+            continue
+        if item.suffix == ".safetensors":
+            (target / item.name).symlink_to(item)
+        else:
+            shutil.copy(item, target / item.name)
+    config = json.loads((target / "tokenizer_config.json").read_text())
+    config.pop("chat_template", None)
+    (target / "tokenizer_config.json").write_text(json.dumps(config))
+    return target
+
+
+def test_the_demo_prms_fit_their_formats(generator_model, prm_model):
+    from search.prm_fit import check_prm_fit
+
+    check_prm_fit("judge", prm_model.name, prm_model.tokenizer)  # Gemma: no template, its own turn markers
+    assert not prm_model.tokenizer.chat_template
+    for name in ("rlhflow", "math-shepherd", "math-shepherd-sal", "judge", "qwen-prm"):
+        check_prm_fit(name, generator_model.name, generator_model.tokenizer)  # SmolLM2: ChatML template
+
+
+def test_scoring_words_and_turn_formats_are_those_prm_py_uses(tmp_path, generator_model):
+    from search.prm import GEMMA_MODEL_TO_USER, GEMMA_USER_TO_MODEL, PRM_FORMATS, make_prm_format
+    from search.prm_fit import GEMMA_MARKERS, SCORING_WORDS, TURN_FORMATS
+
+    tokenizer = generator_model.tokenizer
+    assert set(SCORING_WORDS) == set(PRM_FORMATS)
+    for name, words in SCORING_WORDS.items():
+        if words:
+            ids = make_prm_format(name, tokenizer).candidate_token_ids
+            assert tuple(ids) == tuple(tokenizer.encode(w, add_special_tokens=False)[0] for w in words)
+    bare = _tokenizer(_without_chat_template(generator_model.folder, tmp_path / "bare"))
+    for name in PRM_FORMATS:  # a format is a turn format iff it falls back to Gemma's markers
+        text = bare.decode(make_prm_format(name, bare).build("What is 1+1?", ["1+1=2"]).token_ids)
+        assert ("<start_of_turn>" in text) == (name in TURN_FORMATS), name
+    assert all(marker in GEMMA_USER_TO_MODEL + GEMMA_MODEL_TO_USER for marker in GEMMA_MARKERS)
+
+
+def test_a_turn_format_without_a_chat_template_is_refused(tmp_path, generator_model):
+    from search.prm_fit import check_prm_fit
+
+    bare = _tokenizer(_without_chat_template(generator_model.folder, tmp_path / "bare"))
+    for name in ("judge", "rlhflow", "qwen-prm"):
+        with pytest.raises(ConfigError) as refused:
+            check_prm_fit(name, "my-prm", bare)
+        line = str(refused.value)
+        assert "\n" not in line and line.startswith(f"PRM my-prm: the {name} format lays its input out in chat turns")
+        assert "--prm-format math-shepherd" in line
+    check_prm_fit("math-shepherd", "my-prm", bare)  # no turns: fits
+
+
+def test_a_scoring_word_of_several_tokens_is_refused(prm_model, generator_model):
+    from search.prm_fit import check_prm_fit
+
+    for loaded in (prm_model, generator_model):
+        with pytest.raises(ConfigError) as refused:
+            check_prm_fit("qwen-prm", loaded.name, loaded.tokenizer, words=("correct!", "wrong!"))
+        line = str(refused.value)
+        assert "\n" not in line and f"PRM {loaded.name}: the qwen-prm format scores the word 'correct!'" in line
+        assert "encodes to 2 tokens" in line and "--prm-format" in line
+
+
+def test_a_search_with_a_prm_that_does_not_fit_stops_before_searching(tmp_path, math500_path, generator_model):
+    prm = _without_chat_template(generator_model.folder, tmp_path / "smollm-no-template")
+    done = subprocess.run([sys.executable, "-m", "tts_runtime.cli", "beam", "--dataset-path", str(math500_path),
+                           "--limit", "1", "--n", "2", "--beam-width", "2", "--num-iterations", "1",
+                           "--max-step-tokens", "8", "--max-tokens", "16", "--device-memory", "3GiB",
+                           "--prm", str(prm), "--prm-format", "judge", "--out", str(tmp_path / "run")],
+                          capture_output=True, text=True, timeout=600)
+    errors = [line for line in done.stderr.splitlines() if line.startswith("error: ")]
+    assert done.returncode != 0 and len(errors) == 1, done.stderr[-2000:]
+    assert f"PRM {prm}: the judge format lays its input out in chat turns" in errors[0]
+    assert "Traceback" not in done.stderr
+    assert not (tmp_path / "run" / "results.jsonl").exists()

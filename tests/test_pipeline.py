@@ -286,11 +286,9 @@ def test_a_killed_stage_is_a_one_line_error_within_two_seconds(generator_model):
         engine.shutdown()
 
 
-def test_an_exception_in_a_stage_arrives_with_its_traceback(generator_model):
-    engine = _engine(generator_model, 2)
-    group = engine.executor.group
-    pids = [p.pid for p in group.processes]
-    batch = ModelInput(
+def _one_token_batch() -> ModelInput:
+    """A one-token prefill into block 0."""
+    return ModelInput(
         input_ids=torch.tensor([1]), positions=torch.tensor([0]),
         meta=AttentionMetadata(slot_mapping=torch.tensor([0]), num_decodes=0,
                                decode_block_tables=torch.zeros((0, 1), dtype=torch.int32),
@@ -298,6 +296,13 @@ def test_an_exception_in_a_stage_arrives_with_its_traceback(generator_model):
                                prefill_query_starts=[0], prefill_query_lens=[1], prefill_context_lens=[1],
                                prefill_block_tables=torch.zeros((1, 1), dtype=torch.int32), block_size=16),
         sample_rows=torch.tensor([0]))
+
+
+def test_an_exception_in_a_stage_arrives_with_its_traceback(generator_model):
+    engine = _engine(generator_model, 2)
+    group = engine.executor.group
+    pids = [p.pid for p in group.processes]
+    batch = _one_token_batch()
     try:
         future = group.launch("no-such-model", batch, None)
         with pytest.raises(PipelineFailure) as failure:
@@ -310,6 +315,127 @@ def test_an_exception_in_a_stage_arrives_with_its_traceback(generator_model):
         assert _wait_gone(pids, 2.0)
     finally:
         engine.shutdown()
+
+
+# -- the wire (executor/pipeline/wire.py) ------------------------------------------------------
+
+def test_sockets_live_in_a_private_directory_and_the_start_up_wait_follows_the_model_size(generator_model):
+    from tts_runtime.executor.pipeline.stage_messages import startup_seconds
+
+    assert startup_seconds(0) == 60 and startup_seconds(70 << 30) == 60 + 30 * 70  # not a flat 600 s
+    engine = _engine(generator_model, 2)
+    group = engine.executor.group
+    folder = group.socket_dir
+    try:
+        assert folder.stat().st_mode & 0o777 == 0o700 and folder.stat().st_uid == os.getuid()
+        assert sorted(p.name for p in folder.iterdir()) == ["control-0", "control-1", "link-0", "results"]
+        assert all(p.is_socket() for p in folder.iterdir())  # Unix-domain sockets: no TCP port open
+        weights = sum(p.numel() * p.element_size() for p in generator_model.model.parameters())
+        assert group.startup_seconds == pytest.approx(startup_seconds(weights))
+        out = engine.generate([engine.tokenize("Hi")], [SamplingParams(temperature=0, max_tokens=2, ignore_eos=True)])
+        assert len(out[0].completions[0].token_ids) == 2  # runs over them
+    finally:
+        engine.shutdown()
+    assert not folder.exists()
+
+
+def test_a_stage_killed_just_before_a_send_is_a_one_line_error_not_a_hang(generator_model):
+    """The launch goes out before the 100 ms watcher has seen the death: a PUSH socket whose
+    peer is gone has nowhere to send, and a blocking send would wait for ever."""
+    engine = _engine(generator_model, 2)
+    group = engine.executor.group
+    pids = [p.pid for p in group.processes]
+    try:
+        os.kill(pids[1], signal.SIGKILL)
+        killed = time.monotonic()
+        with pytest.raises(PipelineFailure) as failure:
+            for _ in range(50):  # the first sends may still fit in the socket's buffer
+                group.launch(engine.executor.key, _one_token_batch(), None)
+                time.sleep(0.005)
+        assert time.monotonic() - killed < 2.0
+        assert str(failure.value) == f"pipeline stage 1 (pid {pids[1]}) killed by SIGKILL"
+        assert _wait_gone(pids, 2.0)
+    finally:
+        engine.shutdown()
+
+
+class _RunsCode:
+    """Unpickling this makes a folder: what a pickle from any local user could do to the driver."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def __reduce__(self):
+        return os.mkdir, (self.path,)
+
+
+def test_a_message_outside_the_schema_is_refused_unread(generator_model, tmp_path):
+    import pickle
+
+    import zmq
+
+    engine = _engine(generator_model, 2)
+    group = engine.executor.group
+    pids = [p.pid for p in group.processes]
+    marker = tmp_path / "pickle-ran"
+    context = zmq.Context()
+    intruder = context.socket(zmq.PUSH)
+    try:
+        intruder.connect(f"ipc://{group.socket_dir / 'results'}")
+        intruder.send(pickle.dumps(_RunsCode(str(marker))))
+        deadline = time.monotonic() + 5
+        while group._failure is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        with pytest.raises(PipelineFailure) as failure:
+            group.check()
+        assert str(failure.value).startswith("pipeline refused a message that is not in the pipeline's schema: ")
+        assert "\n" not in str(failure.value)
+        assert not marker.exists()
+        assert _wait_gone(pids, 2.0)
+    finally:
+        intruder.close(linger=0)
+        context.term()
+        engine.shutdown()
+
+
+def test_the_wire_carries_every_message_and_refuses_anything_else():
+    import msgpack
+
+    from tts_runtime.executor.batch import ModelOutput, SamplePlan
+    from tts_runtime.executor.pipeline import wire
+    from tts_runtime.executor.pipeline.stage_messages import (Activation, Launch, Ready, StageFailure, StageResult,
+                                                              TraceDump)
+    from tts_runtime.executor.sampler import SamplingRow
+
+    plan = SamplePlan([0], [SamplingRow(SamplingParams(temperature=0.7, repetition_penalty=1.1), [1, 2, 3], 2, 7)])
+    launch = wire.decode(wire.encode(Launch(3, "generator", _one_token_batch(), plan)))
+    assert launch.microbatch == 3 and launch.model == "generator"
+    assert torch.equal(launch.batch.meta.prefill_block_tables, _one_token_batch().meta.prefill_block_tables)
+    row = launch.sample_plan.rows[0]
+    assert (row.token_ids, row.seed, row.params.temperature, row.params.greedy, row.params.uses_penalties) == \
+        ([1, 2, 3], 7, 0.7, False, True)
+    logits = torch.randn(2, 5).to(torch.bfloat16)
+    result = wire.decode(wire.encode(StageResult(1, ModelOutput(logits, [torch.randn(3, 2)], [4, 5]))))
+    assert torch.equal(result.output.sample_logits, logits) and result.output.sampled_tokens == [4, 5]
+    assert torch.equal(wire.decode(wire.encode(Activation(2, logits))).hidden, logits)
+    for message in (Ready(1, 99), TraceDump(0, [("compute", 1, 0, 0.5, 0.75)]), StageFailure(1, 2, "Traceback")):
+        assert wire.decode(wire.encode(message)) == message
+    header = msgpack.unpackb(wire.encode(Ready(1, 99))[0])
+    frames = wire.encode(StageResult(1, ModelOutput(logits, [], None)))
+    refused = [
+        [b"\x80\x04K\x01."],  # a pickle
+        [msgpack.packb({"kind": "exec", "code": "import os"})],  # a kind the schema does not have
+        [msgpack.packb({**header, "extra": 1})],  # a field too many
+        [msgpack.packb({**header, "pid": "99"})],  # a field of the wrong type
+        [msgpack.packb({**header, "pid": True})],
+        [frames[0], bytes(frames[1])[:-1]],  # a tensor shorter than its shape
+        [frames[0]],  # a tensor frame missing
+        [msgpack.packb({**msgpack.unpackb(frames[0]), "sample_logits": {"frame": 1, "dtype": "object",
+                                                                       "shape": [2, 5]}}), frames[1]],
+    ]
+    for message in refused:
+        with pytest.raises(wire.WireError):
+            wire.decode(message)
 
 
 def test_stages_exit_when_the_driver_dies(tmp_path):

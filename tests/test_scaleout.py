@@ -28,7 +28,7 @@ from tests.conftest import GENERATOR, PRM
 from tts_runtime.cli import app
 from tts_runtime.config import EngineConfig, ModelSpec
 from tts_runtime.runs.datasets import DatasetConfig, load_problems
-from tts_runtime.runs.ray_pool import ReplicaPool, ray_cluster
+from tts_runtime.runs.ray_pool import ReplicaInfo, ReplicaPool, WorkItem, ray_cluster
 from tts_runtime.runs.run import RunOutcome
 from tts_runtime.runs.run_folder import METRICS_FILE, RESULTS_FILE, RunFolder
 from tts_runtime.runs.scale_config import ScaleOut
@@ -180,3 +180,66 @@ def test_sweep_memory_runs_its_settings_on_replicas(cluster, math500_path, tmp_p
     rows = json.loads((tmp_path / "sweep.json").read_text())["rows"]
     assert [row["setting"] for row in rows] == ["static 0.30", "static 0.50"]
     assert all(row["problems"] == 1 and not row["error"] for row in rows)
+
+
+# -- replica deaths and hangs, on light actors (tts_runtime/runs/ray_pool.py) ----------------------
+
+class LightReplica:
+    """A replica without models: `crash*` kills its process, `hang*` never returns (a sync
+    actor runs one call at a time, so it answers no heartbeat either), `raise*` raises."""
+
+    def ready(self) -> ReplicaInfo:
+        return ReplicaInfo.here()
+
+    def solve(self, key: str) -> str:
+        if key.startswith("crash"):
+            os._exit(1)
+        if key.startswith("hang"):
+            time.sleep(3600)
+        if key.startswith("raise"):
+            raise ValueError(f"bad problem {key}")
+        time.sleep(0.2)
+        return key.upper()
+
+
+def _serve(keys: list[str], per_replica: int, hang_timeout_s: float | None = None):
+    # Workers cannot import this test module by its name: Ray ships the class itself.
+    ray.cloudpickle.register_pickle_by_value(sys.modules[LightReplica.__module__])
+    pool = ReplicaPool(LightReplica, (), ScaleOut(replicas=2), per_replica=per_replica,
+                       hang_timeout_s=hang_timeout_s)
+    items = {key: WorkItem(key, (key,)) for key in keys}
+    try:
+        pool.wait_ready()
+        outcomes = {outcome.key: outcome for outcome in pool.run("solve", list(items.values()))}
+    finally:
+        pool.shutdown()
+    return pool, items, outcomes
+
+
+def test_a_replica_death_charges_no_innocent_problem_and_a_killer_fails_on_two_replicas(cluster):
+    pool, items, outcomes = _serve(["crash", "a", "b", "raise", "c", "d"], per_replica=2)
+    assert sorted(outcomes) == sorted(items)  # every problem comes back, once
+    for key in "abcd":
+        assert outcomes[key].value == key.upper() and outcomes[key].error is None
+        assert items[key].failed_on == []  # re-queued after deaths, never charged
+    assert any(items[key].suspect for key in "abcd")  # some shared the crashing replica
+    assert outcomes["crash"].error.startswith("failed on replicas 0 and 1: replica ")
+    assert "died" in outcomes["crash"].error and sorted(items["crash"].failed_on) == [0, 1]
+    # Raised twice: on both replicas, or twice on the one the crashes left alive.
+    assert outcomes["raise"].error.endswith(": ValueError: bad problem raise")
+    assert len(items["raise"].failed_on) == 2
+    assert len(set(items["raise"].failed_on)) == 2 or pool.lost == 1
+    assert pool.restarts + pool.lost >= 2
+
+
+def test_a_hung_replica_is_found_by_its_heartbeat_killed_and_replaced(cluster):
+    started = time.monotonic()
+    pool, items, outcomes = _serve(["hang", "a", "b", "c"], per_replica=1, hang_timeout_s=3.0)
+    assert time.monotonic() - started < 90  # bounded: no ray.wait without a timeout
+    for key in "abc":
+        assert outcomes[key].value == key.upper() and items[key].failed_on == []
+    error = outcomes["hang"].error
+    assert error.startswith("failed on replicas 0 and 1: replica ") and "hung (no heartbeat answered in 3 s)" in error
+    # Hung once among others (not charged), then alone on each replica: three replaced.
+    assert pool.replaced == 3 and pool.lost == 0
+    assert all(replica.state == "ready" for replica in pool.replicas)

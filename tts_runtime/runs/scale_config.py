@@ -19,8 +19,13 @@ class ScaleOut:
     address: str | None = None
     threads_per_replica: int = 1
     gpus_per_replica: int = 0
+    # A replica with problems in flight that answers no heartbeat for this long is hung: it is
+    # killed and replaced (one engine step must fit in it; the longest seen on a CPU is ~30 s).
+    hang_timeout_s: float = 300.0
 
     def __post_init__(self) -> None:
+        if not self.hang_timeout_s > 0:
+            raise ConfigError(f"--hang-timeout-s must be > 0, got {self.hang_timeout_s}")
         if self.replicas < 1:
             raise ConfigError(f"--replicas must be >= 1, got {self.replicas}")
         if self.threads_per_replica < 1:

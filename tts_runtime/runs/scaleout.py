@@ -8,7 +8,9 @@ it arrives, and writes config.json and metrics.json like a one-process run
 (tts_runtime/runs/run.py), so `--resume` and every reader of a run folder work unchanged.
 
 Faults: a replica that dies is restarted once by Ray and its in-flight problems go back
-on the queue; a problem that fails twice gets a failure line in results.jsonl (its id
+on the queue without being charged (a problem that kills replicas is found by running it
+alone); a replica that stops answering heartbeats is killed and replaced (ray_pool.py);
+a problem that fails on two replicas gets a failure line in results.jsonl (its id
 and error, as a one-process run writes for a search that raised), is listed under
 `failed` and `scaleout.failed` in metrics.json, and a later `--resume` tries it again. Killing the driver loses no finished problem: they are fsynced one by
 one; the local Ray cluster dies with the driver.
@@ -129,7 +131,7 @@ def run_scaled(spec: ReplicaSpec, problems: Sequence[Problem], config: SearchCon
     levels = {problem.id: problem.level for problem in todo}
     with ray_cluster(scale):
         pool = ReplicaPool(SearchReplica, (spec, config, scale.threads_per_replica), scale,
-                           per_replica=config.problem_batch)
+                           per_replica=config.problem_batch, hang_timeout_s=scale.hang_timeout_s)
         try:
             started = time.perf_counter()
             pool.wait_ready()

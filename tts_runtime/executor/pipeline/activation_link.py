@@ -12,8 +12,8 @@ stage_placement.py).
 
 Structure-aware transmission (SiPipe): the receiver sizes the activation from the
 schedule it already holds, so only the microbatch id travels beside the data. Off, every
-transfer also carries the activation's shape (shm: the activation goes as a pickled
-message; gloo / nccl: a three-element header).
+transfer also carries the activation's shape (shm: the activation goes as a wire.py
+`Activation` message; gloo / nccl: a three-element header).
 
 A receive returns the activation on the stage's device.
 """
@@ -27,9 +27,8 @@ import torch
 import torch.distributed as dist
 import zmq
 
-from tts_runtime.executor.pipeline.stage_messages import StageSetup
-
-Receive = Callable[..., object]  # a blocking ZeroMQ receive that checks the driver is alive
+from tts_runtime.executor.pipeline import wire
+from tts_runtime.executor.pipeline.stage_messages import Activation, StageSetup
 
 
 class ActivationLink(Protocol):
@@ -45,11 +44,13 @@ def _check_order(stage: int, expected: int, got: int) -> None:
 
 
 class SharedMemoryLink:
-    def __init__(self, setup: StageSetup, context: zmq.Context, receive: Receive) -> None:
+    def __init__(self, setup: StageSetup, context: zmq.Context, check: Callable[[], None], poll_ms: int) -> None:
+        """`check` runs every `poll_ms` while a send or receive waits (it exits when the
+        driver is gone)."""
         self.setup = setup
         self.device = torch.device(setup.device)
         self.structure_aware = setup.config.parallel.structure_aware
-        self._receive = receive
+        self._check, self._poll_ms = check, poll_ms
         self.upstream = self.downstream = None
         if setup.receive_address is not None:
             self.upstream = context.socket(zmq.PULL)
@@ -68,18 +69,25 @@ class SharedMemoryLink:
         if self.structure_aware:
             tokens, hidden_size = hidden.shape
             self._slot(self.setup.send_slots, microbatch, tokens, hidden_size, hidden.dtype).copy_(hidden)
-            self.downstream.send(microbatch.to_bytes(8, "little"))
+            frames = [microbatch.to_bytes(8, "little")]
         else:
-            self.downstream.send_pyobj((microbatch, hidden.to("cpu", copy=True)))
+            frames = wire.encode(Activation(microbatch, hidden))
+        wire.send(self.downstream, frames, self._check, self._poll_ms)
 
     def receive(self, microbatch: int, tokens: int, hidden_size: int, dtype: torch.dtype) -> torch.Tensor:
         if self.structure_aware:
-            got = int.from_bytes(self._receive(self.upstream, copy=False), "little")
-            _check_order(self.setup.stage, microbatch, got)
+            while not self.upstream.poll(self._poll_ms):
+                self._check()
+            signal = self.upstream.recv()
+            if len(signal) != 8:
+                raise wire.WireError(f"stage {self.setup.stage}: a ready signal of {len(signal)} bytes, not 8")
+            _check_order(self.setup.stage, microbatch, int.from_bytes(signal, "little"))
             return self._slot(self.setup.receive_slots, microbatch, tokens, hidden_size, dtype).to(self.device)
-        got, hidden = self._receive(self.upstream)
-        _check_order(self.setup.stage, microbatch, got)
-        return hidden.to(self.device)
+        message = wire.receive(self.upstream, self._check, self._poll_ms)
+        if not isinstance(message, Activation):
+            raise wire.WireError(f"stage {self.setup.stage}: a {type(message).__name__} where an activation belongs")
+        _check_order(self.setup.stage, microbatch, message.microbatch)
+        return message.hidden.to(self.device)
 
     def close(self) -> None:
         for socket in (self.upstream, self.downstream):

@@ -13,20 +13,30 @@ Failures: a thread receives results and, between them, checks the stage processe
 stage that dies fails every pending microbatch with a one-line `PipelineFailure` naming
 the stage, its pid and the signal (within the poll interval), and the other stages are
 stopped; an exception inside a stage arrives with the stage's traceback. Stages die with
-the driver (see stage_worker.py). Sockets are TCP on loopback: no file is left behind.
+the driver (see stage_worker.py). A send never waits on a dead stage: while a stage
+cannot take a message, the same check runs every poll interval (wire.send).
+
+The wire (wire.py): schema'd msgpack messages, never pickles, over ZeroMQ ipc:// sockets
+in a fresh directory only this user can enter (mode 0700, removed at shutdown), so no
+other local user can connect to a stage or to the driver. A message outside the schema
+fails the pipeline with one line. The wait for the stages to start grows with the size of
+the models they load (stage_messages.startup_seconds).
 """
 
 from __future__ import annotations
 
 import itertools
 import os
+import shutil
 import signal
 import socket
+import tempfile
 import threading
 import time
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from functools import partial
+from pathlib import Path
 
 import torch
 import torch.multiprocessing as mp
@@ -34,9 +44,10 @@ import zmq
 
 from tts_runtime.config import EngineConfig
 from tts_runtime.executor.batch import ModelInput, ModelOutput, SamplePlan
-from tts_runtime.executor.pipeline.stage_messages import (STARTUP_SECONDS, Launch, Ready, Shutdown, StageFailure,
-                                                 StageModelSetup, StageResult, StageSetup, TraceDump,
-                                                 TraceRequest)
+from tts_runtime.executor.pipeline import wire
+from tts_runtime.executor.pipeline.stage_messages import (Launch, Ready, Shutdown, StageFailure, StageModelSetup,
+                                                          StageResult, StageSetup, TraceDump, TraceRequest,
+                                                          startup_seconds)
 from tts_runtime.executor.layer_costs import measure_stage_costs
 from tts_runtime.executor.pipeline.stage_placement import resolved_transport, stage_devices
 from tts_runtime.executor.pipeline.stage_split import stage_layers
@@ -71,6 +82,7 @@ class StageModel:
 
 
 def _free_port() -> int:
+    """A loopback port for torch.distributed's rendezvous (gloo / nccl transports only)."""
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         return probe.getsockname()[1]
@@ -105,16 +117,18 @@ class PipelineGroup:
         shared = parallel.structure_aware and transport == "shm"
         slots = [[torch.zeros(slot_bytes, dtype=torch.uint8).share_memory_() for _ in range(pp)]
                  for _ in range(pp - 1)] if shared else [[] for _ in range(pp - 1)]
+        self.startup_seconds = startup_seconds(sum(p.numel() * p.element_size() for m in models
+                                                   for p in m.loaded.model.parameters()))
+        self.socket_dir = Path(tempfile.mkdtemp(prefix="tts-pipeline-"))  # mode 0700
+        address = lambda name: f"ipc://{self.socket_dir / name}"  # noqa: E731
         self.context = zmq.Context()
         self.results = self.context.socket(zmq.PULL)
-        result_port = self.results.bind_to_random_port("tcp://127.0.0.1")
+        self.results.bind(address("results"))
         self.controls = []
-        control_ports = []
-        for _ in range(pp):
+        for stage in range(pp):
             control = self.context.socket(zmq.PUSH)
-            control_ports.append(control.bind_to_random_port("tcp://127.0.0.1"))
+            control.bind(address(f"control-{stage}"))
             self.controls.append(control)
-        link_ports = [_free_port() for _ in range(pp - 1)]
         distributed = f"tcp://127.0.0.1:{_free_port()}" if transport != "shm" else None
         spawn = mp.get_context("spawn")
         self.processes = []
@@ -123,10 +137,10 @@ class PipelineGroup:
                 stage=stage, pp_size=pp, config=config, threads=threads, parent_pid=os.getpid(),
                 models=[StageModelSetup(m.key, m.model, m.dtype, self.layers[m.key][stage], m.num_blocks)
                         for m in models],
-                control_address=f"tcp://127.0.0.1:{control_ports[stage]}",
-                result_address=f"tcp://127.0.0.1:{result_port}",
-                receive_address=f"tcp://127.0.0.1:{link_ports[stage - 1]}" if stage > 0 else None,
-                send_address=f"tcp://127.0.0.1:{link_ports[stage]}" if stage < pp - 1 else None,
+                control_address=address(f"control-{stage}"), result_address=address("results"),
+                receive_address=address(f"link-{stage - 1}") if stage > 0 else None,
+                send_address=address(f"link-{stage}") if stage < pp - 1 else None,
+                startup_seconds=self.startup_seconds,
                 device=str(devices[stage]), transport=transport, distributed_address=distributed,
                 receive_slots=slots[stage - 1] if stage > 0 else [],
                 send_slots=slots[stage] if stage < pp - 1 else [])
@@ -152,10 +166,10 @@ class PipelineGroup:
     # -- start-up --------------------------------------------------------------------------
     def _await_ready(self) -> None:
         ready: set[int] = set()
-        deadline = time.monotonic() + STARTUP_SECONDS
+        deadline = time.monotonic() + self.startup_seconds
         while len(ready) < self.pp_size:
             if self.results.poll(_POLL_MS):
-                message = self.results.recv_pyobj()
+                message = self._decode()
                 if isinstance(message, StageFailure):
                     raise PipelineFailure(self._failure_line(message))
                 if isinstance(message, Ready):
@@ -166,7 +180,27 @@ class PipelineGroup:
                 raise PipelineFailure(dead)
             if time.monotonic() > deadline:
                 raise PipelineFailure(f"pipeline stages {sorted(set(range(self.pp_size)) - ready)} did not start "
-                                      f"within {STARTUP_SECONDS} s")
+                                      f"within {self.startup_seconds:.0f} s")
+
+    def _decode(self) -> object:
+        try:
+            return wire.decode([frame.buffer for frame in self.results.recv_multipart(copy=False)])
+        except wire.WireError as error:
+            raise PipelineFailure(f"{self.name} refused a message that is not in the pipeline's schema: "
+                                  f"{error}") from None
+
+    def _send_all(self, message: object) -> None:
+        frames = wire.encode(message)  # once for every stage
+        for control in self.controls:
+            wire.send(control, frames, self._check_stages, _POLL_MS)
+
+    def _check_stages(self) -> None:
+        """Raise the group's failure, failing the group first if a stage has died (the
+        receiving thread may not have looked yet)."""
+        dead = self._dead_stage()
+        if dead is not None:
+            self._fail(PipelineFailure(dead))
+        self.check()
 
     # -- launching -------------------------------------------------------------------------
     def can_launch(self) -> bool:
@@ -187,9 +221,7 @@ class PipelineGroup:
                 raise self._failure
             microbatch = next(self._ids)
             self._pending[microbatch] = future
-        message = Launch(microbatch, model, batch, sample_plan)
-        for control in self.controls:
-            control.send_pyobj(message)
+        self._send_all(Launch(microbatch, model, batch, sample_plan))
         return future
 
     def trace(self) -> list[TraceDump]:
@@ -197,8 +229,7 @@ class PipelineGroup:
         perf_counter times (one clock on one machine)."""
         with self._lock:
             self._traces = []
-        for control in self.controls:
-            control.send_pyobj(TraceRequest())
+        self._send_all(TraceRequest())
         with self._trace_ready:
             self._trace_ready.wait_for(lambda: len(self._traces) == self.pp_size or self._failure is not None,
                                        timeout=30)
@@ -214,7 +245,11 @@ class PipelineGroup:
             except zmq.ZMQError:
                 return
             if has_message:
-                self._handle(self.results.recv_pyobj())
+                try:
+                    self._handle(self._decode())
+                except PipelineFailure as failure:
+                    self._fail(failure)
+                    return
                 continue
             dead = self._dead_stage()
             if dead is not None:
@@ -248,6 +283,8 @@ class PipelineGroup:
 
     def _fail(self, failure: PipelineFailure) -> None:
         with self._trace_ready:
+            if self._failure is not None:  # the first failure is the one reported
+                return
             self._failure = failure
             pending, self._pending = self._pending, {}
             self._trace_ready.notify_all()
@@ -260,8 +297,10 @@ class PipelineGroup:
         if self._closed:
             return
         if self._failure is None:
-            for control in self.controls:
-                control.send_pyobj(Shutdown())
+            try:
+                self._send_all(Shutdown())
+            except PipelineFailure:
+                pass  # a stage died meanwhile: it is stopped below with the others
         for process in self.processes:
             process.join(timeout=5)
         self._closed = True
@@ -280,6 +319,7 @@ class PipelineGroup:
         for sock in [self.results, *self.controls]:
             sock.close(linger=0)
         self.context.term()
+        shutil.rmtree(self.socket_dir, ignore_errors=True)
 
     def executor(self, key: str, owns_group: bool = False) -> PipelineExecutor:
         return PipelineExecutor(self, key, owns_group)

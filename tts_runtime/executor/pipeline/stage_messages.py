@@ -1,9 +1,10 @@
-"""Messages between the pipeline's driver and its stage processes (pickled over ZeroMQ).
+"""Messages between the pipeline's driver and its stage processes (wire.py puts them on
+ZeroMQ as schema'd msgpack; `StageSetup` travels once, as the spawned process's argument).
 
 Control (driver -> every stage, at launch, before any stage computes): `Launch`,
 `TraceRequest`, `Shutdown`. Results and status (stages -> driver): `Ready`,
-`StageResult` (last stage), `TraceDump`, `StageFailure`. Activations never travel in
-these messages when the transport is structure-aware (see activation_link.py).
+`StageResult` (last stage), `TraceDump`, `StageFailure`. Between stages: `Activation`,
+only when the transport is not structure-aware (see activation_link.py).
 """
 
 from __future__ import annotations
@@ -15,7 +16,15 @@ import torch
 from tts_runtime.config import EngineConfig
 from tts_runtime.executor.batch import ModelInput, ModelOutput, SamplePlan
 
-STARTUP_SECONDS = 600  # loading (and, the first time, converting) a model in every stage
+# A stage's start-up: importing torch and setting up (the base), then reading its slice of
+# every model; the slope allows a slow disk (about 35 MB/s) on a busy machine.
+STARTUP_BASE_SECONDS = 60.0
+STARTUP_SECONDS_PER_GIB = 30.0
+
+
+def startup_seconds(weight_bytes: int) -> float:
+    """How long the driver waits for its stages to load `weight_bytes` of models."""
+    return STARTUP_BASE_SECONDS + STARTUP_SECONDS_PER_GIB * weight_bytes / (1 << 30)
 
 
 @dataclass(frozen=True)
@@ -41,6 +50,7 @@ class StageSetup:
     result_address: str  # to the driver (it connects)
     receive_address: str | None  # activations from the previous stage (it binds)
     send_address: str | None  # activations to the next stage (it connects)
+    startup_seconds: float  # the driver's wait for every stage to be ready
     device: str = "cpu"  # where this stage's layers, KV and activations live
     transport: str = "shm"  # resolved: shm, gloo or nccl (stage_placement.py)
     distributed_address: str | None = None  # the stages' process group (gloo, nccl)
@@ -98,3 +108,9 @@ class StageFailure:
     stage: int
     pid: int
     traceback: str
+
+
+@dataclass
+class Activation:
+    microbatch: int
+    hidden: torch.Tensor

@@ -18,7 +18,8 @@ SiPipe's techniques, each switchable (ParallelConfig):
   activation travels as a message carrying its shape);
 * sampling off the last stage: driver-side by default; off, the last stage samples.
 
-No loop spins: every wait is a blocking poll with a timeout that checks the driver is alive.
+No loop spins: every wait, receive or send, is a blocking poll with a timeout that checks
+the driver is alive (wire.send, wire.receive). Messages are wire.py's schema'd msgpack.
 """
 
 from __future__ import annotations
@@ -41,11 +42,12 @@ from tts_runtime.executor.batch import AttentionMetadata, ModelInput, ModelOutpu
 from tts_runtime.executor.kv_cache import allocate_kv_cache
 from tts_runtime.executor.layer_ops import layer_ops
 from tts_runtime.executor.local import compute_output_logits
+from tts_runtime.executor.pipeline import wire
 from tts_runtime.executor.pipeline.activation_link import ActivationLink, DistributedLink, SharedMemoryLink
 from tts_runtime.executor.pipeline.stage_graphs import StageGraphs
 from tts_runtime.executor.sampler import sample
-from tts_runtime.executor.pipeline.stage_messages import (STARTUP_SECONDS, Launch, Ready, Shutdown, StageFailure, StageModelSetup,
-                                                 StageResult, StageSetup, TraceDump, TraceRequest)
+from tts_runtime.executor.pipeline.stage_messages import (Launch, Ready, Shutdown, StageFailure, StageModelSetup,
+                                                          StageResult, StageSetup, TraceDump, TraceRequest)
 from tts_runtime.models.decoder import ModelPart
 from tts_runtime.models.loader import load_model
 
@@ -74,11 +76,9 @@ def _die_with_parent(parent_pid: int) -> None:
         sys.exit(0)
 
 
-def _receive(socket: zmq.Socket, parent_pid: int, copy: bool = True):
-    while not socket.poll(_POLL_MS):
-        if os.getppid() != parent_pid:
-            sys.exit(0)
-    return socket.recv_pyobj() if copy else socket.recv()
+def _exit_without_parent(parent_pid: int) -> None:
+    if os.getppid() != parent_pid:
+        sys.exit(0)
 
 
 @dataclass
@@ -139,15 +139,23 @@ class StageWorker:
         self.generator = torch.Generator().manual_seed(setup.config.seed)
         self.buffers = [_InputBuffers(device), _InputBuffers(device)]
         self.free_versions = [threading.Semaphore(1), threading.Semaphore(1)]
-        self.prepared: queue.Queue = queue.Queue()
+        self.prepared: queue.Queue = queue.Queue()  # _Prepared, or the exception that stopped preparing
         self.events: list[tuple[str, int, int, float, float]] = []
         self.token_safe = parallel.token_safe
 
+    def _check_parent(self) -> None:
+        _exit_without_parent(self.setup.parent_pid)
+
+    def _send(self, message: object) -> None:
+        wire.send(self.results, wire.encode(message), self._check_parent, _POLL_MS)
+
+    def _receive_control(self) -> object:
+        return wire.receive(self.control, self._check_parent, _POLL_MS)
+
     def _link(self, setup: StageSetup) -> ActivationLink:
         if setup.transport != "shm":
-            return DistributedLink(setup, STARTUP_SECONDS)
-        return SharedMemoryLink(setup, self.context,
-                                lambda socket, copy=True: _receive(socket, setup.parent_pid, copy))
+            return DistributedLink(setup, setup.startup_seconds)
+        return SharedMemoryLink(setup, self.context, self._check_parent, _POLL_MS)
 
     def _load(self, spec: StageModelSetup) -> _StageModel:
         part = ModelPart(spec.layers, embedding=self.setup.is_first, head=self.setup.is_last)
@@ -172,11 +180,14 @@ class StageWorker:
 
     # -- preparing inputs (token-safe execution) -------------------------------------------
     def _prepare_loop(self) -> None:
-        while True:
-            message = _receive(self.control, self.setup.parent_pid)
-            self.prepared.put(self._prepare(message))
-            if isinstance(message, Shutdown):
-                return
+        try:
+            while True:
+                message = self._receive_control()
+                self.prepared.put(self._prepare(message))
+                if isinstance(message, Shutdown):
+                    return
+        except Exception as error:  # raised again by the main loop, which reports it
+            self.prepared.put(error)
 
     def _prepare(self, message) -> _Prepared:
         if not isinstance(message, Launch):
@@ -195,15 +206,18 @@ class StageWorker:
         if self.token_safe:
             while True:
                 try:
-                    return self.prepared.get(timeout=_POLL_MS / 1000)
+                    prepared = self.prepared.get(timeout=_POLL_MS / 1000)
                 except queue.Empty:
-                    if os.getppid() != self.setup.parent_pid:
-                        sys.exit(0)
-        return self._prepare(_receive(self.control, self.setup.parent_pid))
+                    self._check_parent()
+                    continue
+                if isinstance(prepared, Exception):
+                    raise prepared
+                return prepared
+        return self._prepare(self._receive_control())
 
     # -- running microbatches ---------------------------------------------------------------
     def run(self) -> None:
-        self.results.send_pyobj(Ready(self.setup.stage, os.getpid()))
+        self._send(Ready(self.setup.stage, os.getpid()))
         if self.token_safe:
             threading.Thread(target=self._prepare_loop, daemon=True).start()
         while True:
@@ -213,7 +227,7 @@ class StageWorker:
                 self.link.close()
                 return
             if isinstance(message, TraceRequest):
-                self.results.send_pyobj(TraceDump(self.setup.stage, list(self.events)))
+                self._send(TraceDump(self.setup.stage, list(self.events)))
                 continue
             try:
                 self._run_microbatch(message, version, prepared.padded)
@@ -241,7 +255,7 @@ class StageWorker:
             hidden = stage_model.model.run_layers(hidden, batch.positions, stage_model.kv_caches, batch.meta,
                                                   self.backend, self.ops, stage_model.layers)
         if self.setup.is_last:
-            self.results.send_pyobj(StageResult(launch.microbatch, self._output(stage_model, hidden, launch)))
+            self._send(StageResult(launch.microbatch, self._output(stage_model, hidden, launch)))
         else:
             self.link.send(launch.microbatch, hidden)
         self.events.append(("compute", launch.microbatch, version, start, time.perf_counter()))
@@ -272,6 +286,6 @@ def stage_main(setup: StageSetup) -> None:
         report = context.socket(zmq.PUSH)
         report.setsockopt(zmq.LINGER, 2000)
         report.connect(setup.result_address)
-        report.send_pyobj(StageFailure(setup.stage, os.getpid(), traceback.format_exc()))
+        report.send_multipart(wire.encode(StageFailure(setup.stage, os.getpid(), traceback.format_exc())))
         report.close()
         sys.exit(1)
