@@ -53,6 +53,8 @@ def _one_line_error(result, fragment: str) -> None:
     (["beam", "--limit", "1", "--generator", "llama-9000"], "unknown model 'llama-9000'"),
     (["bon", "--limit", "1", "--prm", "/no/such/prm"], "unknown model '/no/such/prm'"),
     (["beam", "--levels", "one"], "--levels takes a comma-separated list"),
+    (["beam", "--ids", ""], "--ids is empty"),
+    (["beam", "--levels", ","], "--levels is empty"),
     (["beam", "--device-memory", "lots"], "cannot read memory size 'lots'"),
     (["beam", "--limit", "1", "--resume"], "--resume needs --out"),
     (["beam", "--limit", "1", "--linear-backend", "mkl"], "unknown --linear-backend 'mkl'"),

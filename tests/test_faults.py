@@ -441,3 +441,25 @@ def test_a_search_with_a_prm_that_does_not_fit_stops_before_searching(tmp_path, 
     assert f"PRM {prm}: the judge format lays its input out in chat turns" in errors[0]
     assert "Traceback" not in done.stderr
     assert not (tmp_path / "run" / "results.jsonl").exists()
+
+
+# -- resume on content ---------------------------------------------------------------------
+
+def test_resume_compares_the_dataset_and_models_by_content_before_loading(tmp_path, math500_path):
+    from tts_runtime.options import with_options
+    from tts_runtime.runs.run import run_record
+    from tts_runtime.runs.run_config import RunConfig
+
+    data = tmp_path / "problems.jsonl"
+    rows = math500_path.read_text(encoding="utf-8").splitlines()[:5]
+    data.write_text("\n".join(rows) + "\n", encoding="utf-8")
+    run = with_options(RunConfig(), {"dataset": str(data), "limit": 2})
+    first = run_record(run, ["tts", "beam"])
+    assert set(first["fingerprints"]) == {"generator", "prm", "dataset"}
+    _run_with(tmp_path / "run", json.loads(rows[0])["unique_id"], config=first)
+    with RunFolder.open(tmp_path / "run", resume=True) as folder:  # same content, a bigger --limit: fine
+        folder.write_config(run_record(with_options(run, {"limit": 5}), ["tts", "beam", "--resume"]))
+    data.write_text("\n".join([rows[0].replace('"answer": "', '"answer": "9'), *rows[1:]]) + "\n", encoding="utf-8")
+    with pytest.raises(ConfigError, match="its fingerprints differ"):  # same name, other content
+        with RunFolder.open(tmp_path / "run", resume=True) as folder:
+            folder.write_config(run_record(run, ["tts", "beam", "--resume"]))

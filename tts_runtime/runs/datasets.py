@@ -125,12 +125,23 @@ def _refuse_unmatched(option: str, wanted: set, present: set) -> None:
                            f"{', ...' if len(missing) > 5 else ''}; check them against the dataset")
 
 
+def local_dataset_file(config: DatasetConfig) -> Path | None:
+    """The local file the problems are read from (None: a Hub dataset, or MATH-500 from the Hub)."""
+    if config.dataset == "math500":
+        if config.dataset_path is not None:
+            return _resolve_explicit(Path(config.dataset_path))
+        data_dir = os.environ.get("TTS_DATA_DIR")
+        copy = Path(data_dir) / _MATH500_RELATIVE if data_dir else None
+        return copy if copy is not None and copy.is_file() else None
+    path = Path(config.dataset)
+    return path if path.is_file() else None
+
+
 def _load_math500(dataset_path: str | None, columns: tuple[str, str]) -> list[Problem]:
-    if dataset_path is not None:
-        return _load_jsonl(_resolve_explicit(Path(dataset_path)), columns)
+    local = local_dataset_file(DatasetConfig(dataset_path=dataset_path))
+    if local is not None:
+        return _load_jsonl(local, columns)
     data_dir = os.environ.get("TTS_DATA_DIR")
-    if data_dir and (Path(data_dir) / _MATH500_RELATIVE).is_file():
-        return _load_jsonl(Path(data_dir) / _MATH500_RELATIVE, columns)
     where = f"TTS_DATA_DIR={data_dir} holds no {_MATH500_RELATIVE}" if data_dir else "TTS_DATA_DIR is unset"
     if os.environ.get("HF_HUB_OFFLINE") == "1":
         raise _math500_missing(f"{where} and HF_HUB_OFFLINE=1")

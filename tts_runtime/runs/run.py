@@ -22,7 +22,10 @@ from search.score_cache import ScoreCache
 from search.session import prm_format_name
 from tts_runtime.cohost.runtime import Runtime
 from tts_runtime.config import ConfigError, resolve_device, resolve_dtype
+from tts_runtime.models.registry import resolve
+from tts_runtime.runs.datasets import local_dataset_file
 from tts_runtime.runs.environment import environment
+from tts_runtime.runs.fingerprints import dataset_fingerprint, model_fingerprint
 from tts_runtime.runs.metrics import RunCounters, run_metrics
 from tts_runtime.runs.run_config import RunConfig
 from tts_runtime.runs.run_folder import RunFolder, RunFolderWriteError
@@ -55,9 +58,23 @@ def run_record(run: RunConfig, command: Sequence[str]) -> dict[str, Any]:
         **run.to_dict(),
         "resolved": {"dtype": str(resolve_dtype(run.models.dtype, device)),
                      "prm_format": prm_format_name(run.search, run.models.specs()[1].model)},
+        "fingerprints": fingerprints(run),
         **environment(device),
         "command": list(command),
     }
+
+
+def fingerprints(run: RunConfig) -> dict[str, Any]:
+    """What the models and the dataset hold, so that a resume compares content, not names
+    (a re-downloaded model or another TTS_DATA_DIR behind the same name)."""
+    def model(name: str) -> dict[str, Any]:
+        where = resolve(name)
+        return {"dummy": name} if where.location is None else model_fingerprint(where.location)
+
+    generator, prm = run.models.specs()
+    dataset = local_dataset_file(run.dataset)
+    return {"generator": model(generator.model), "prm": model(prm.model),
+            "dataset": {"hub": run.dataset.dataset} if dataset is None else dataset_fingerprint(dataset)}
 
 
 def failed_metrics(failed: Sequence[FailedProblem]) -> dict[str, Any]:

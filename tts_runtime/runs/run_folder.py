@@ -37,7 +37,7 @@ RUN_FILES = frozenset({CONFIG_FILE, RESULTS_FILE, METRICS_FILE, HISTORY_FILE, CO
                        *(completions_file(method) for method in APPROACHES)})
 # config.json sections that must match for a resumed run to continue the same experiment,
 # less the fields that change how fast it runs, not what it finds.
-_RESUME_KEYS = ("search", "models", "dataset", "backend", "resolved")
+_RESUME_KEYS = ("search", "models", "dataset", "backend", "resolved", "fingerprints")
 _RESULT_NEUTRAL = {"search": ("problem_batch",), "dataset": ("limit",)}
 
 log = logging.getLogger(__name__)
