@@ -1,7 +1,8 @@
 """Search configuration: search-and-learn's defaults, validated when built.
 
 Beam search and DVTS need `n` divisible by `beam_width` (beam search keeps n // M beams,
-DVTS grows n // M subtrees of M candidates); best-of-N ignores `beam_width`.
+DVTS grows n // M subtrees of M candidates), except beam search under `sal_uneven_n`;
+best-of-N ignores `beam_width`.
 """
 
 from __future__ import annotations
@@ -17,6 +18,11 @@ from tts_runtime.config import ConfigError
 METHODS: tuple[str, ...] = ("beam", "bon", "dvts")
 STEP_DELIMITER = "\n\n"
 SURVIVOR_ORDERS: tuple[str, ...] = ("original", "score")
+DEFAULT_SEED = 42
+SAL_SEED = 0  # every search-and-learn recipe sets seed: 0
+# Each is one difference from search-and-learn (docs/semantics.md); None follows `sal_exact`.
+SAL_SWITCHES: tuple[str, ...] = ("sal_empty_step", "sal_whole_string", "sal_tie_order", "sal_uneven_n",
+                                 "sal_lookahead_unused")
 
 
 @dataclass(frozen=True)
@@ -55,20 +61,45 @@ class SearchConfig:
     # Searches in flight at once; their requests share the engines' batches (16 ran 1.23x
     # the problems/min of 8 on a 2-core CPU in bf16, docs/benchmarks/problem_batch.md).
     problem_batch: int = 16
-    seed: int = 42
+    # None: 42, or search-and-learn's recipe seed 0 under `sal_exact`; a given seed always wins.
+    seed: int | None = None
     # FastTTS's speculative beam extension (beam search; search/speculation.py): a beam whose
     # step finished starts its next step at once, kept if the beam survives selection,
     # aborted if not. `speculative_max_tokens` caps one speculative step (None: the step's
     # own cap); a speculation cut short by it is discarded and the step generated anew.
     speculative_extension: bool = False
     speculative_max_tokens: int | None = None
+    # Beam search: each active beam is also continued greedily for up to this many steps and
+    # ranked by that rollout's aggregated score (the beam keeps only its own step); not at the
+    # last iteration. 0: no rollouts.
+    lookahead: int = 0
+    # Reproduce search-and-learn where it differs (docs/semantics.md): every `sal_*` switch
+    # left unset follows this one, and the seed defaults to 0.
+    sal_exact: bool = False
+    # Score a beam whose text ends in "\n\n" with one more, empty step (RLHFlow, Qwen-PRM), as
+    # search-and-learn's split of the text does; that score then ranks the beam.
+    sal_empty_step: bool | None = None
+    # Math-Shepherd: tokenize the PRM input as one string (search-and-learn) rather than
+    # piece by piece (no extra "▁" at piece starts with SentencePiece tokenizers).
+    sal_whole_string: bool | None = None
+    # Equal scores at the beam-search cut: numpy argsort's order (search-and-learn; the later
+    # beam wins) instead of the earlier beam.
+    sal_tie_order: bool | None = None
+    # Beam search: accept n not a multiple of beam_width, keeping n // beam_width beams (all
+    # beams when that is 0), as search-and-learn does.
+    sal_uneven_n: bool | None = None
+    # Beam search with lookahead: generate the rollouts' cost but rank by the beam's own score,
+    # as search-and-learn's beam search does (it never scores its rollouts); here: no rollouts.
+    sal_lookahead_unused: bool | None = None
 
     def __post_init__(self) -> None:
+        self._resolve_sal_switches()
         checks = [
             (self.method in METHODS, f"unknown search method '{self.method}'; choose one of {', '.join(METHODS)}"),
             (self.n >= 1, f"n must be >= 1, got {self.n}"),
             (self.beam_width >= 1, f"beam width must be >= 1, got {self.beam_width}"),
-            (self.method == "bon" or self.beam_width < 1 or self.n % self.beam_width == 0,
+            (self.method == "bon" or self.beam_width < 1 or self.n % self.beam_width == 0
+             or (self.method == "beam" and self.sal_uneven_n),
              f"n ({self.n}) must be a multiple of the beam width ({self.beam_width})"),
             (self.num_iterations >= 1, f"num_iterations must be >= 1, got {self.num_iterations}"),
             (self.temperature >= 0, f"temperature must be >= 0, got {self.temperature}"),
@@ -81,6 +112,11 @@ class SearchConfig:
              "drop --speculative-extension"),
             (self.speculative_max_tokens is None or self.speculative_max_tokens >= 1,
              f"speculative_max_tokens must be >= 1, got {self.speculative_max_tokens}"),
+            (self.lookahead >= 0, f"lookahead must be >= 0, got {self.lookahead}"),
+            (self.lookahead == 0 or self.method == "beam",
+             f"lookahead applies to beam search only, not '{self.method}'; drop --lookahead"),
+            (self.lookahead == 0 or not self.speculative_extension,
+             "lookahead and speculative extension do not combine; drop one of them"),
         ]
         for ok, message in checks:
             if not ok:
@@ -93,6 +129,16 @@ class SearchConfig:
                               f"{', '.join(SURVIVOR_ORDERS)}, got '{self.survivor_order}'")
         if self.prm_format is not None:
             prm_format_class(self.prm_format)
+
+    def _resolve_sal_switches(self) -> None:
+        """The one place where `sal_exact` reaches the switches: after this every `sal_*` field
+        and `seed` hold plain values, so `to_dict` records what the run did. (A config made by
+        `dataclasses.replace` from a built one keeps those resolved values.)"""
+        for name in SAL_SWITCHES:
+            if getattr(self, name) is None:
+                object.__setattr__(self, name, self.sal_exact)
+        if self.seed is None:
+            object.__setattr__(self, "seed", SAL_SEED if self.sal_exact else DEFAULT_SEED)
 
     @property
     def keep(self) -> int:
