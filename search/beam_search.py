@@ -82,9 +82,9 @@ def top(beams: list[Beam], k: int, scores: list[float]) -> list[Beam]:
 
 
 def numpy_top(beams: list[Beam], k: int, scores: list[float]) -> list[Beam]:
-    """search-and-learn's cut, `np.argsort(scores)[-k:]`, best first. numpy's default sort
-    orders equal scores by position in short lists (insertion sort), so the last `k` of the
-    ascending order hold the LATER of equal beams; in long ones the order is numpy's own."""
+    """search-and-learn's cut, `np.argsort(scores)[-k:]`, best first. numpy promises no order
+    for equal scores (its sort depends on the array size and the CPU's SIMD sort), so this
+    calls numpy itself; where equal scores come out in index order, the later beam wins."""
     order = np.argsort(np.array(scores, dtype=np.float64))[-k:][::-1]
     return [beams[i] for i in order.tolist()]
 

@@ -88,8 +88,8 @@ class SearchConfig:
     # Beam search: accept n not a multiple of beam_width, keeping n // beam_width beams (all
     # beams when that is 0), as search-and-learn does.
     sal_uneven_n: bool | None = None
-    # Beam search with lookahead: generate the rollouts' cost but rank by the beam's own score,
-    # as search-and-learn's beam search does (it never scores its rollouts); here: no rollouts.
+    # Beam search with lookahead: rank by the beam's own score, as search-and-learn's beam
+    # search does (it generates the rollouts but never scores them); no rollouts are made.
     sal_lookahead_unused: bool | None = None
 
     def __post_init__(self) -> None:
