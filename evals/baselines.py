@@ -22,11 +22,12 @@ import torch
 from search.beam_state import Beam, StepCounts, derive_seed
 from search.config import STEP_DELIMITER, SearchConfig
 from search.driver import solve
-from search.prm import PRMFormat, ScoreQuery, make_prm_format
+from search.prm import PRMFormat, ScoreQuery
 from search.problem import Problem
 from search.prompts import PromptBuilder
 from search.results import ProblemResult
-from search.session import prm_format_name
+from search.session import build_prm_format, prm_format_name
+from tts_runtime.config import ConfigError
 from tts_runtime.models.loader import load_tokenizer, model_folder
 
 
@@ -66,6 +67,9 @@ class HFSteps:
         self.prm_format = prm_format
         self.problem = problem
         self.counts = StepCounts()
+        if config.sal_empty_step and prm_format.sal_scores_empty_step:
+            raise ConfigError("the HF baseline does not score search-and-learn's trailing empty step; "
+                              "drop --sal-empty-step (or --sal-exact)")
         tokenizer = models.generator_tokenizer
         self._pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         self._stops = {tokenizer.eos_token_id, self._pad}
@@ -75,13 +79,13 @@ class HFSteps:
         return Beam(ids, len(ids))
 
     async def expand(self, beams: list[Beam], iteration: int, *, width: int = 1,
-                     to_eos: bool = False) -> list[list[Beam]]:
+                     to_eos: bool = False, greedy: bool = False) -> list[list[Beam]]:
         config, models = self.config, self.models
         input_ids, mask = _left_pad([beam.token_ids for beam in beams], self._pad)
         cap = config.max_tokens if to_eos else config.max_step_tokens
         max_new = min(cap, models.max_len - input_ids.shape[1])
         options: dict = {"max_new_tokens": max_new, "num_return_sequences": width, "pad_token_id": self._pad}
-        if config.temperature > 0:
+        if config.temperature > 0 and not greedy:
             options.update(do_sample=True, temperature=config.temperature, top_p=config.top_p, top_k=0)
         else:
             options.update(do_sample=False, temperature=None, top_p=None, top_k=None)
@@ -151,7 +155,7 @@ def _left_pad(rows: Sequence[Sequence[int]], pad: int) -> tuple[torch.Tensor, to
 def run_baseline(models: HFModels, problems: Sequence[Problem], config: SearchConfig, *,
                  on_result: Callable[[ProblemResult], None] | None = None) -> list[ProblemResult]:
     """The configured search on each problem in turn, the plain way."""
-    prm_format = make_prm_format(prm_format_name(config, models.prm_name), models.prm_tokenizer)
+    prm_format = build_prm_format(config, prm_format_name(config, models.prm_name), models.prm_tokenizer)
     results = []
     for problem in problems:
         result = asyncio.run(solve(HFSteps(models, config, prm_format, problem), problem))

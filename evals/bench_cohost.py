@@ -146,7 +146,7 @@ def bench_cohost(bench: CohostBench, *, command: Sequence[str], log: Callable[[s
     config = bench.config
     notes = [f"{len(problems)} MATH-500 problems, beam search n={config.n} M={config.beam_width}, "
              f"{config.num_iterations} iterations, step cap {config.max_step_tokens} tokens, last-iteration cap "
-             f"{config.max_tokens}, problem batch {config.problem_batch}, T={config.temperature}, seed {config.seed}, "
+             f"{config.max_tokens}, problem batch {config.problem_batch}, T={config.temperature}, seed {config.resolved().seed}, "
              f"both models in {dtype}, linear backend "
              f"{bench.linear_backend}; "
              f"{bench.rounds} alternating rounds, medians.",

@@ -136,7 +136,7 @@ def _notes(bench: TieredKVBench, problems: int, device: torch.device) -> list[st
     config, memory = bench.config, bench.memory
     notes = [f"{problems} MATH-500 problems, beam search n={config.n} M={config.beam_width}, "
              f"{config.num_iterations} iterations, step cap {config.max_step_tokens} tokens, problem batch "
-             f"{config.problem_batch}, eos sampling {'on' if config.eos_sampling else 'off'}, seed {config.seed}; "
+             f"{config.problem_batch}, eos sampling {'on' if config.eos_sampling else 'off'}, seed {config.resolved().seed}; "
              f"device budget {memory.device_memory / 2**30:.2f} GiB, PRM share of the KV {memory.prm_fraction} "
              f"(the memory sweep's thrashing setting); host tier {bench.host_kv_bytes / 2**20:.0f} MiB per model, "
              f"prefetch {'on' if bench.prefetch else 'off'}; {bench.rounds} alternating rounds, medians.",

@@ -28,7 +28,9 @@ class Beam:
     token_ids: list[int]  # prompt + every generated token, exactly as sampled
     prompt_len: int
     steps: list[str] = field(default_factory=list)
-    step_scores: list[float] = field(default_factory=list)  # one per step once scored
+    # One per step once scored; under `sal_empty_step` one more for the empty step after a
+    # text that ends in the delimiter (search-and-learn's `all_scores`).
+    step_scores: list[float] = field(default_factory=list)
     finish_reason: str | None = None  # None while the beam may still grow
 
     @property
@@ -60,7 +62,7 @@ class Beam:
             reason = FINISH_EMPTY
         if reason is None and len(ids) >= max_len:
             reason = FINISH_LENGTH
-        return Beam(ids, self.prompt_len, self.steps + new_steps, list(self.step_scores), reason)
+        return Beam(ids, self.prompt_len, self.steps + new_steps, self.step_scores[:len(self.steps)], reason)
 
 
 def split_steps(text: str) -> list[str]:
@@ -111,8 +113,9 @@ class StepBackend(Protocol):
         """The empty solution: just the prompt."""
 
     async def expand(self, beams: list[Beam], iteration: int, *, width: int = 1,
-                     to_eos: bool = False) -> list[list[Beam]]:
-        """`width` children per beam: one more step each, or (to_eos) the rest of the solution."""
+                     to_eos: bool = False, greedy: bool = False) -> list[list[Beam]]:
+        """`width` children per beam: one more step each, or (to_eos) the rest of the solution;
+        `greedy` decodes at temperature 0 whatever the configured temperature (lookahead)."""
 
     async def score(self, beams: list[Beam]) -> None:
         """Fill every beam's `step_scores` for all its steps."""

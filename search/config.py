@@ -1,12 +1,13 @@
 """Search configuration: search-and-learn's defaults, validated when built.
 
 Beam search and DVTS need `n` divisible by `beam_width` (beam search keeps n // M beams,
-DVTS grows n // M subtrees of M candidates); best-of-N ignores `beam_width`.
+DVTS grows n // M subtrees of M candidates), except beam search under `sal_uneven_n`;
+best-of-N ignores `beam_width`.
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from search.aggregate import check_aggregation
@@ -19,6 +20,11 @@ from tts_runtime.options import option
 METHODS: tuple[str, ...] = ("beam", "bon", "dvts")
 STEP_DELIMITER = "\n\n"
 SURVIVOR_ORDERS: tuple[str, ...] = ("original", "score")
+DEFAULT_SEED = 42
+SAL_SEED = 0  # every search-and-learn recipe sets seed: 0
+# Each is one difference from search-and-learn (docs/semantics.md); None follows `sal_exact`.
+SAL_SWITCHES: tuple[str, ...] = ("sal_empty_step", "sal_whole_string", "sal_tie_order", "sal_uneven_n",
+                                 "sal_lookahead_unused")
 
 
 @dataclass(frozen=True)
@@ -63,7 +69,7 @@ class SearchConfig:
     # Searches in flight at once; their requests share the engines' batches (16 ran 1.23x
     # the problems/min of 8 on a 2-core CPU in bf16, docs/benchmarks/problem_batch.md).
     problem_batch: int = option(16, "Searches in flight at once.", panel="Search details")
-    seed: int = option(42, "Search seed.")
+    seed: int | None = option(None, "Search seed (default: 42, or search-and-learn's 0 under --sal-exact).")
     # FastTTS's speculative beam extension (beam search; search/speculation.py): a beam whose
     # step finished starts its next step at once, kept if the beam survives selection,
     # aborted if not. `speculative_max_tokens` caps one speculative step (None: the step's
@@ -81,13 +87,35 @@ class SearchConfig:
     grader: str = option("math-verify", "Who decides that an answer is right: math-verify, or qwen (Qwen2.5-Math's "
                          "math_equal rules, which search-and-learn's published accuracies use).",
                          panel="Search details")
+    lookahead: int = option(0, "Beam search: also continue each beam greedily for up to this many steps and rank "
+                            "it by that rollout's score (search-and-learn's lookahead; 0: none).",
+                            panel="Search details")
+    # The sal_* switches: None follows sal_exact (docs/semantics.md lists each difference).
+    sal_exact: bool = option(False, "Reproduce search-and-learn where it differs from tts (every --sal-* switch "
+                             "not given follows this; the seed defaults to 0).", panel="search-and-learn")
+    sal_empty_step: bool | None = option(None, "Score a beam whose text ends in a step break with one more, empty "
+                                         "step (RLHFlow, Qwen-PRM), which then ranks it, as search-and-learn "
+                                         "does.", panel="search-and-learn")
+    sal_whole_string: bool | None = option(None, "Math-Shepherd: tokenize the PRM input as one string "
+                                           "(search-and-learn) rather than piece by piece.",
+                                           panel="search-and-learn")
+    sal_tie_order: bool | None = option(None, "Equal scores at the beam-search cut in numpy argsort's order (the "
+                                        "later beam wins) instead of the earlier beam first.",
+                                        panel="search-and-learn")
+    sal_uneven_n: bool | None = option(None, "Beam search: accept n not a multiple of the beam width, keeping "
+                                       "n // M beams (all when that is 0).", panel="search-and-learn")
+    sal_lookahead_unused: bool | None = option(None, "With --lookahead, rank by the beam's own score as "
+                                               "search-and-learn's beam search does (it never scores its "
+                                               "rollouts), so no rollouts are made.", panel="search-and-learn")
 
     def __post_init__(self) -> None:
+        uneven_n = self.sal_exact if self.sal_uneven_n is None else self.sal_uneven_n
         checks = [
             (self.method in METHODS, f"unknown search method '{self.method}'; choose one of {', '.join(METHODS)}"),
             (self.n >= 1, f"n must be >= 1, got {self.n}"),
             (self.beam_width >= 1, f"beam width must be >= 1, got {self.beam_width}"),
-            (self.method == "bon" or self.beam_width < 1 or self.n % self.beam_width == 0,
+            (self.method == "bon" or self.beam_width < 1 or self.n % self.beam_width == 0
+             or (self.method == "beam" and uneven_n),
              f"n ({self.n}) must be a multiple of the beam width ({self.beam_width})"),
             (self.num_iterations >= 1, f"num_iterations must be >= 1, got {self.num_iterations}"),
             (self.temperature >= 0, f"temperature must be >= 0, got {self.temperature}"),
@@ -100,6 +128,11 @@ class SearchConfig:
              "drop --speculative-extension"),
             (self.speculative_max_tokens is None or self.speculative_max_tokens >= 1,
              f"speculative_max_tokens must be >= 1, got {self.speculative_max_tokens}"),
+            (self.lookahead >= 0, f"lookahead must be >= 0, got {self.lookahead}"),
+            (self.lookahead == 0 or self.method == "beam",
+             f"lookahead applies to beam search only, not '{self.method}'; drop --lookahead"),
+            (self.lookahead == 0 or not self.speculative_extension,
+             "lookahead and speculative extension do not combine; drop one of them"),
         ]
         for ok, message in checks:
             if not ok:
@@ -114,6 +147,15 @@ class SearchConfig:
             prm_format_class(self.prm_format)
         check_grader(self.grader)
         load_chat_template(self.chat_template)
+
+    def resolved(self) -> SearchConfig:
+        """The config the search runs: every `sal_*` switch left unset (None) follows
+        `sal_exact`, and an unset seed is 42 (0 under `sal_exact`). The fields themselves keep
+        what was given, so a config rebuilt with other options (`--sal-exact` from the command
+        line over a file) resolves anew."""
+        switches = {name: self.sal_exact for name in SAL_SWITCHES if getattr(self, name) is None}
+        seed = {"seed": SAL_SEED if self.sal_exact else DEFAULT_SEED} if self.seed is None else {}
+        return replace(self, **switches, **seed) if switches or seed else self
 
     @property
     def keep(self) -> int:

@@ -148,6 +148,10 @@ class PRMFormat(ABC):
     # True: the candidates are a reward head's classes, not vocabulary ids (the model must
     # have that head, and no other format can read such a model).
     reads_reward_head: bool = False
+    # search-and-learn splits a beam's text on "\n\n" and scores every piece: a text that ends
+    # in the delimiter gets one more, empty step in this format (not in Math-Shepherd's, whose
+    # input turns each "\n\n" into a tag). tts reproduces it only under `sal_empty_step`.
+    sal_scores_empty_step: ClassVar[bool] = False
     candidate_token_ids: tuple[int, ...]
 
     def __init__(self, tokenizer: Any) -> None:
@@ -188,6 +192,7 @@ class RLHFlowFormat(PRMFormat):
     code and search-and-learn build it."""
 
     name = "rlhflow"
+    sal_scores_empty_step = True
 
     def __init__(self, tokenizer: Any) -> None:
         super().__init__(tokenizer)
@@ -221,11 +226,29 @@ class MathShepherdFormat(PRMFormat):
     step_tag = " ки"
     step_joiner = "\n"
 
-    def __init__(self, tokenizer: Any) -> None:
+    def __init__(self, tokenizer: Any, whole_string: bool = False) -> None:
         super().__init__(tokenizer)
         self.head = bos_text(tokenizer)
         self.candidate_token_ids = _candidates(tokenizer, "+", "-")
         self.tag_id = encode_text(tokenizer, self.step_tag)[-1]
+        # search-and-learn's tokenization (`sal_whole_string`): the whole input as one string.
+        self.whole_string = whole_string
+
+    def build(self, question: str, steps: Sequence[str]) -> ScoreQuery:
+        """Piece by piece (prefix reuse), or as search-and-learn does: `tokenizer(text)` on the
+        whole input, BOS added by the tokenizer, the score read at the last step tag. Pieces
+        and whole string differ where the tokenizer marks every encode call's start (Mistral's
+        SentencePiece "▁"); the whole string gives no prefix guarantee (stable length 0)."""
+        if not self.whole_string:
+            return super().build(question, steps)
+        if not steps:
+            raise ValueError("a score query needs at least one step")
+        pieces, _ = self._pieces(question, [step.strip() for step in steps])
+        ids = self.tokenizer.encode("".join(pieces)[len(self.head):], add_special_tokens=True)
+        tags = [i for i, token in enumerate(ids) if token == self.tag_id]
+        if not tags:
+            raise ValueError(f"the Math-Shepherd input holds no step tag id {self.tag_id} when tokenized whole")
+        return ScoreQuery(ids, (tags[-1],), self.candidate_token_ids, 0)
 
     def _prompt(self, question: str) -> str:
         return question
@@ -268,6 +291,7 @@ class QwenPRMFormat(PRMFormat):
 
     name = "qwen-prm"
     reads_reward_head = True
+    sal_scores_empty_step = True
     separator = "<extra_0>"
     system_prompt = "Please reason step by step, and put your final answer within \\boxed{}."
 

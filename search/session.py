@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
+from typing import Any
 
 from search.beam_state import Beam, StepCounts, step_seed
 from search.config import STEP_DELIMITER, SearchConfig
-from search.prm import PRMFormat, ScoreQuery, make_prm_format
+from search.prm import MathShepherdFormat, PRMFormat, ScoreQuery, make_prm_format, prm_format_class
 from search.prm_detect import detect_prm_format
 from search.prm_fit import check_prm_fit
 from search.problem import Problem
@@ -32,12 +33,20 @@ def prm_format_name(config: SearchConfig, prm_model: str) -> str:
     return config.prm_format or detect_prm_format(prm_model)
 
 
+def build_prm_format(config: SearchConfig, format_name: str, tokenizer: Any) -> PRMFormat:
+    """The PRM format, tokenizing Math-Shepherd inputs whole under `sal_whole_string`."""
+    math_shepherd = issubclass(prm_format_class(format_name), MathShepherdFormat)
+    options = {"whole_string": True} if config.sal_whole_string and math_shepherd else {}
+    return make_prm_format(format_name, tokenizer, **options)
+
+
 class SearchSession:
     """What every problem of a run shares: the runtime, prompts, PRM format and score cache."""
 
     def __init__(self, runtime: Runtime, config: SearchConfig, cache: ScoreCache | None = None) -> None:
         if runtime.generator.tokenizer is None or runtime.prm.tokenizer is None:
             raise ConfigError("search needs models with tokenizers; dummy weights have none")
+        config = config.resolved()
         self.runtime = runtime
         self.config = config
         self.cache = cache if cache is not None else ScoreCache()
@@ -45,9 +54,12 @@ class SearchSession:
                                               config.chat_template)
         self.format_name = prm_format_name(config, runtime.prm.spec.model)
         check_prm_fit(self.format_name, runtime.prm.spec.model, runtime.prm.tokenizer)
-        self.prm_format: PRMFormat = make_prm_format(self.format_name, runtime.prm.tokenizer)
+        self.prm_format: PRMFormat = build_prm_format(config, self.format_name, runtime.prm.tokenizer)
+        # search-and-learn's trailing empty step (`sal_empty_step`), where its input has one.
+        self.empty_step = bool(config.sal_empty_step) and self.prm_format.sal_scores_empty_step
         # Scores depend on the PRM and on how its input is laid out.
-        self.prm_key = f"{runtime.prm.spec.model}:{self.format_name}"
+        whole = getattr(self.prm_format, "whole_string", False)
+        self.prm_key = f"{runtime.prm.spec.model}:{self.format_name}" + (":whole-string" if whole else "")
         if config.speculative_extension and runtime.backend != "native":
             raise ConfigError("speculative extension needs the native engine (it aborts requests and numbers "
                               "child seeds); drop --speculative-extension or use --backend native")
@@ -76,7 +88,7 @@ class EngineSteps:
 
     # -- generation ------------------------------------------------------------------
     async def expand(self, beams: list[Beam], iteration: int, *, width: int = 1,
-                     to_eos: bool = False) -> list[list[Beam]]:
+                     to_eos: bool = False, greedy: bool = False) -> list[list[Beam]]:
         # Identical beams (refill copies) become one request with n children: the engine
         # prefills their shared ids once and forks.
         groups: dict[tuple[int, ...], list[int]] = {}
@@ -87,7 +99,8 @@ class EngineSteps:
         runtime = self.session.runtime
         futures = [
             runtime.submit_generate(beams[members[0]].token_ids,
-                                    self._params(beams[members[0]], iteration, len(members) * width, to_eos))
+                                    self._params(beams[members[0]], iteration, len(members) * width, to_eos,
+                                                 greedy=greedy))
             for members in groups.values()
         ]
         outputs: list[RequestOutput] = await asyncio.gather(*futures)
@@ -147,11 +160,12 @@ class EngineSteps:
         self.speculator.start(child)
         return child
 
-    def _params(self, beam: Beam, iteration: int, n: int, to_eos: bool, first_child: int = 0) -> SamplingParams:
+    def _params(self, beam: Beam, iteration: int, n: int, to_eos: bool, first_child: int = 0,
+                greedy: bool = False) -> SamplingParams:
         config = self.config
         cap = config.max_tokens if to_eos else config.max_step_tokens
         return SamplingParams(
-            temperature=config.temperature, top_p=config.top_p, n=n, first_child=first_child,
+            temperature=0.0 if greedy else config.temperature, top_p=config.top_p, n=n, first_child=first_child,
             seed=step_seed(config.seed, self.problem.id, iteration, beam),
             max_tokens=min(cap, self._max_len - len(beam.token_ids)),
             stop=() if to_eos else (STEP_DELIMITER,), include_stop_str_in_output=True)
@@ -165,10 +179,19 @@ class EngineSteps:
     async def score(self, beams: list[Beam]) -> None:
         """Every step of every beam is scored, as search-and-learn does each iteration; the
         cache answers all but the step prefixes never seen before."""
-        prefixes = [tuple(beam.steps[:k]) for beam in beams for k in range(1, len(beam.steps) + 1)]
-        scores = iter(await self._score_prefixes(prefixes))
-        for beam in beams:
-            beam.step_scores = [next(scores) for _ in beam.steps]
+        scored = [self._scored_prefixes(beam) for beam in beams]
+        scores = iter(await self._score_prefixes([prefix for prefixes in scored for prefix in prefixes]))
+        for beam, prefixes in zip(beams, scored):
+            beam.step_scores = [next(scores) for _ in prefixes]
+
+    def _scored_prefixes(self, beam: Beam) -> list[Prefix]:
+        """Every step prefix of the beam; under `sal_empty_step`, a text ending in the step
+        delimiter adds the prefix with an empty step after it, as search-and-learn's
+        `text.split("\n\n")` does."""
+        prefixes = [tuple(beam.steps[:k]) for k in range(1, len(beam.steps) + 1)]
+        if self.session.empty_step and beam.text.endswith(STEP_DELIMITER):
+            prefixes.append((*beam.steps, ""))
+        return prefixes
 
     async def _score_prefixes(self, prefixes: Sequence[Prefix]) -> list[float]:
         session = self.session

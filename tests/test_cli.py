@@ -159,13 +159,13 @@ def test_cli_end_to_end_on_three_problems(tmp_path, math500_path):
     config = json.loads((out / "config.json").read_text())
     assert config["models"] == {"generator": "smollm2-135m-instruct", "prm": "gemma3-270m", "dtype": "auto",
                                 "generator_revision": None, "prm_revision": None}
-    assert config["resolved"] == {"dtype": AUTO_DTYPE, "prm_format": "judge"}
+    assert (config["resolved"]["dtype"], config["resolved"]["prm_format"]) == (AUTO_DTYPE, "judge")
     assert config["search"]["n"] == 4 and config["search"]["beam_width"] == 2
     assert (config["search"]["temperature"], config["search"]["top_p"]) == (0.6, 0.9)
     assert (config["search"]["aggregation"], config["search"]["vote_aggregation"]) == ("min", "prod")
     assert sorted(config["dataset"]["ids"]) == sorted(IDS)
     assert set(config["versions"]) == {"python", "torch", "transformers", "tts"}
-    assert config["machine"]["device"] == "cpu" and config["search"]["seed"] == 42
+    assert config["machine"]["device"] == "cpu" and config["resolved"]["seed"] == 42
     rows = _lines(out)
     assert sorted(row["id"] for row in rows) == sorted(IDS)
     for row in rows:

@@ -3,6 +3,7 @@ import json
 import pytest
 
 from search.aggregate import AGGREGATIONS, aggregate
+from search.beam_state import split_steps
 from search.prm_detect import detect_prm_format
 from search.prm import (
     PRM_FORMATS,
@@ -357,3 +358,90 @@ def test_aggregate_empty_is_zero(method):
 def test_aggregate_unknown_method():
     with pytest.raises(ConfigError, match="unknown score aggregation 'max'; choose one of last, min, prod, mean"):
         aggregate([0.5], "max")
+
+
+# --- search-and-learn's PRM inputs (sal_empty_step, sal_whole_string) -------------------
+
+# A beam's text as generated mid-search: steps that end in the "\n\n" stop string.
+SAL_TEXT = STEPS[0] + STEPS[2]
+
+
+def _sal_math_shepherd_input(question: str, text: str) -> str:
+    """search-and-learn's Math-Shepherd input string for one beam, rebuilt from its rules:
+    system prompt, question, " ", each "\\n\\n" turned into " ки\\n\\n", a final tag if missing."""
+    body = text.replace("\n\n", " ки\n\n")
+    if body[-2:] != "\n\n":
+        body += " ки"
+    return f"{SYSTEM_PROMPT}\n{question}\n {body}"
+
+
+@pytest.fixture(scope="module")
+def sentencepiece_unigram():
+    """A SentencePiece-style unigram tokenizer: spaces become "▁" and every encode call starts
+    with "▁" (Metaspace, prepend "always"), as Mistral's (Math-Shepherd's base) does."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    text = _sal_math_shepherd_input(QUESTION, SAL_TEXT + STEPS[3])
+    chars = sorted(set(text.replace(" ", "▁")) | {"▁", "+", "-"})
+    pieces = [("<unk>", 0.0), ("<s>", 0.0), ("</s>", 0.0), ("▁ки", -1.0), ("▁+", -1.0), ("▁-", -1.0)]
+    pieces += [(c, -10.0) for c in chars if c not in {"<unk>", "<s>", "</s>"}]
+    model = Tokenizer(models.Unigram(pieces, unk_id=0, byte_fallback=False))
+    model.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="always", split=False)
+    from tokenizers.processors import TemplateProcessing
+    model.post_processor = TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 1)])
+    return PreTrainedTokenizerFast(tokenizer_object=model, bos_token="<s>", eos_token="</s>", unk_token="<unk>")
+
+
+@pytest.mark.parametrize("which", ["smollm", "gemma", "sentencepiece_unigram"])
+def test_math_shepherd_whole_string_is_search_and_learns_tokenization(request, which):
+    tokenizer = request.getfixturevalue(which)
+    steps = split_steps(SAL_TEXT + STEPS[3])
+    whole = make_prm_format("math-shepherd-sal", tokenizer, whole_string=True)
+    sal_ids = tokenizer(_sal_math_shepherd_input(QUESTION, SAL_TEXT + STEPS[3]))["input_ids"]
+    tags = [i for i, token in enumerate(sal_ids) if token == whole.tag_id]
+    assert len(tags) == len(steps)
+    for k in range(1, len(steps) + 1):  # every prefix: search-and-learn's ids up to its k-th tag
+        query = whole.build(QUESTION, steps[:k])
+        assert query.positions == (tags[k - 1],)
+        assert query.token_ids == sal_ids[:tags[k - 1] + 1]
+    pieces = make_prm_format("math-shepherd-sal", tokenizer).build(QUESTION, steps)
+    if which == "sentencepiece_unigram":  # pieces: an extra "▁" where each piece starts
+        assert pieces.token_ids != whole.build(QUESTION, steps).token_ids
+        assert len(pieces.token_ids) > len(whole.build(QUESTION, steps).token_ids)
+
+
+def _sal_rlhflow_text(tokenizer, question: str, text: str) -> str:
+    """search-and-learn's RLHFlow conversation, rendered up to where its last score is read
+    (the "+" of the last assistant turn is the predicted token)."""
+    conversation = []
+    for k, piece in enumerate(text.split("\n\n")):
+        conversation.append({"role": "user", "content": question + " " + piece if k == 0 else piece})
+        conversation.append({"role": "assistant", "content": "+"})
+    conversation[-1]["content"] = "ки"  # marks the last reply (its text before is the same)
+    rendered = tokenizer.apply_chat_template(conversation, tokenize=False)
+    return rendered[:rendered.rindex("ки")]
+
+
+def _sal_qwen_text(tokenizer, question: str, text: str) -> str:
+    messages = [{"role": "system", "content": QwenPRMFormat.system_prompt},
+                {"role": "user", "content": question},
+                {"role": "assistant", "content": text.replace("\n\n", "<extra_0>") + "<extra_0>"}]
+    rendered = tokenizer.apply_chat_template(messages, tokenize=False)
+    return rendered[:rendered.rindex("<extra_0>") + len("<extra_0>")]
+
+
+@pytest.mark.parametrize("name, sal_text", [("rlhflow", _sal_rlhflow_text), ("qwen-prm", _sal_qwen_text)])
+def test_trailing_empty_step_is_search_and_learns_last_input(smollm, name, sal_text):
+    """A mid-search text ends in "\\n\\n"; search-and-learn's split gives a last, empty step,
+    and that step's input is what tts builds for the steps plus "" (`sal_empty_step`). SmolLM2's chat
+    template renders search-and-learn's conversation (the demo Gemma has none)."""
+    tokenizer = smollm
+    fmt = make_prm_format(name, tokenizer)
+    assert fmt.sal_scores_empty_step
+    steps = split_steps(SAL_TEXT)
+    query = fmt.build(QUESTION, [*steps, ""])
+    assert _decode(tokenizer, query.token_ids) == sal_text(tokenizer, QUESTION, SAL_TEXT)
+    assert _decode(tokenizer, fmt.build(QUESTION, steps).token_ids) == sal_text(tokenizer, QUESTION, SAL_TEXT[:-2])
+    for other in ("math-shepherd", "math-shepherd-sal", "judge"):
+        assert not PRM_FORMATS[other].sal_scores_empty_step

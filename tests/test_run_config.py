@@ -70,7 +70,7 @@ def test_the_command_line_overrides_the_file_which_overrides_the_defaults(tmp_pa
     recipe = tmp_path / "recipe.yaml"
     recipe.write_text("n: 8\nbeam_width: 4\ntemperature: 0.5\n")
     run = compose(RunConfig(), recipe, {"n": 16}, FLAGS, {"method": "beam"})
-    assert (run.search.n, run.search.beam_width, run.search.temperature, run.search.seed) == (16, 4, 0.5, 42)
+    assert (run.search.n, run.search.beam_width, run.search.temperature, run.search.resolved().seed) == (16, 4, 0.5, 42)
 
 
 @pytest.mark.parametrize("text, fragment", [
@@ -167,7 +167,7 @@ def test_a_search_and_learn_recipe_file_loads_unchanged(tmp_path):
                       "model_path: meta-llama/Llama-3.2-1B-Instruct\nprm_path: RLHFlow/Llama3.1-8B-PRM-Deepseek-Data\n"
                       "search_batch_size: 25\nnum_samples: 10\nsort_completed: false\nfilter_duplicates: true\n")
     run = compose(with_options(RunConfig(), {"method": "beam"}), recipe, {}, FLAGS - {"method"}, {"method": "beam"})
-    assert (run.search.n, run.search.seed, run.dataset.limit) == (4, 0, 10)
+    assert (run.search.n, run.search.resolved().seed, run.dataset.limit) == (4, 0, 10)
     assert run.models.prm == "RLHFlow/Llama3.1-8B-PRM-Deepseek-Data"
 
 
@@ -183,5 +183,5 @@ def test_a_shipped_recipe_runs_on_the_demo_models(tmp_path, math500_path):
     done = subprocess.run(command, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]
     config = json.loads((out / "config.json").read_text())
-    assert config["search"]["seed"] == 0 and config["search"]["filter_duplicates"] is True
+    assert config["resolved"]["seed"] == 0 and config["search"]["filter_duplicates"] is True
     assert len((out / "results.jsonl").read_text().splitlines()) == 1

@@ -13,7 +13,7 @@ import pytest
 
 from search import ScoreCache, SearchConfig, run_search
 from search.answers import extract_answer
-from search.beam_search import refill
+from search.beam_search import keep, refill, unique_texts
 from search.beam_state import Beam, split_steps
 from search.driver import solve
 from search.grading import grade, majority_pick, weighted_pick
@@ -343,3 +343,147 @@ def test_hf_baseline_makes_the_same_greedy_search(search_runtime, problems):
             assert x.step_scores == pytest.approx(y.step_scores, abs=1e-4)
         assert a.generated_tokens == b.generated_tokens
         assert b.prm_tokens > a.prm_tokens  # no score cache, no dedupe of copies
+
+
+# -- search-and-learn switches on the real models (docs/semantics.md) ----------------------
+
+class LookaheadRecorder(Recorder):
+    """A Recorder that also records the greedy rollouts of `lookahead` (same iteration)."""
+
+    def __init__(self, inner) -> None:
+        super().__init__(inner)
+        self.rollouts: list[tuple[int, list[Beam], list[Beam]]] = []  # (iteration, parents, children)
+
+    async def expand(self, beams, iteration, *, width=1, to_eos=False, greedy=False):
+        if not greedy:
+            return await super().expand(beams, iteration, width=width, to_eos=to_eos)
+        children = await self.inner.expand(beams, iteration, width=width, to_eos=to_eos, greedy=True)
+        self.rollouts.append((iteration, list(beams), [child for [child] in children]))
+        return children
+
+
+def trace_lookahead(runtime, problem, **config):
+    session = SearchSession(runtime, SearchConfig(**config))
+    recorder = LookaheadRecorder(session.steps_for(problem))
+
+    async def main():
+        task = asyncio.ensure_future(solve(recorder, problem))
+        await runtime.drive(task)
+        return task.result()
+
+    return asyncio.run(main()), recorder, session
+
+
+SAMPLED = {**SMALL, "temperature": 0.8, "seed": 1}
+
+
+@pytest.fixture(scope="module")
+def empty_step_run(search_runtime, problems):
+    return trace(search_runtime, problems[0], **SAMPLED, prm_format="rlhflow", sal_empty_step=True)
+
+
+def _hf_scores(model, query_ids: list[int], positions: list[int], candidates) -> list[float]:
+    import torch
+
+    with torch.inference_mode():
+        logits = model(input_ids=torch.tensor([query_ids])).logits[0].float()
+    return [logits[p, list(candidates)].softmax(dim=-1)[0].item() for p in positions]
+
+
+@pytest.mark.slow
+def test_empty_step_scores_rank_the_beams_under_the_switch(empty_step_run, prm_model, hf_reference, problems):
+    _, rec, session = empty_step_run
+    fmt, question = session.prm_format, problems[0].question
+    ends = [beam for scored in rec.scored for beam in scored if beam.text.endswith("\n\n")]
+    assert ends, "mid-search beams end in the step delimiter"
+    for scored in rec.scored:
+        for beam in scored:
+            extra = 1 if beam.text.endswith("\n\n") else 0
+            assert len(beam.step_scores) == len(beam.steps) + extra
+    # The extra score is the PRM's verdict on an empty step after the beam, computed here
+    # independently (HF transformers on that query).
+    beam = ends[-1]
+    query = fmt.build(question, [*beam.steps, ""])
+    [expected] = _hf_scores(hf_reference(prm_model), query.token_ids, list(query.positions), query.candidate_token_ids)
+    assert beam.step_scores[-1] == pytest.approx(expected, abs=1e-4)
+    # Ranked by it ("last" aggregation): the survivors are the best by the empty step's score.
+    assert len(rec.expanded) > 1
+    for iteration in range(1, len(rec.expanded)):
+        unique = unique_texts([b for b in rec.scored[iteration - 1] if not b.completed])
+        best = sorted(unique, key=lambda b: b.step_scores[-1], reverse=True)[:rec.config.keep]
+        assert set(map(id, rec.expanded[iteration][0])) == set(map(id, best))
+
+
+@pytest.mark.slow
+def test_per_prefix_scores_equal_one_whole_text_pass(empty_step_run, prm_model, hf_reference, problems):
+    """search-and-learn scores a beam in one forward pass over its whole text, reading each
+    step at its position; tts sends one query per step prefix (cache and prefix reuse). For a
+    causal PRM and a format whose shorter queries are prefixes of the longer, they agree."""
+    _, rec, session = empty_step_run
+    fmt, question = session.prm_format, problems[0].question
+    # The generated first step and two more written out, scored as the search scores a beam.
+    first = rec.scored[0][0].steps[0]
+    beam = Beam([0], 1, [first, "So $r = \\sqrt{0^2 + 3^2} = 3$.\n\n", "The angle is $\\frac{\\pi}{2}$.\n\n"])
+    steps = session.steps_for(problems[0])
+
+    async def main():
+        task = asyncio.ensure_future(steps.score([beam]))
+        await session.runtime.drive(task)
+
+    asyncio.run(main())
+    prefixes = [beam.steps[:k] for k in range(1, len(beam.steps) + 1)] + [[*beam.steps, ""]]
+    assert len(beam.step_scores) == len(prefixes) == 4
+    whole = fmt.build(question, prefixes[-1]).token_ids
+    positions = []
+    for prefix in prefixes:
+        query = fmt.build(question, prefix)
+        assert whole[:len(query.token_ids)] == query.token_ids
+        positions.append(query.positions[0])
+    one_pass = _hf_scores(hf_reference(prm_model), whole, positions, fmt.candidate_token_ids)
+    assert beam.step_scores == pytest.approx(one_pass, abs=1e-4)
+
+
+@pytest.mark.slow
+def test_lookahead_ranks_by_greedy_rollouts(search_runtime, problems):
+    result, rec, session = trace_lookahead(search_runtime, problems[0], **SAMPLED, lookahead=1)
+    config = rec.config
+    assert rec.rollouts and all(iteration < config.num_iterations - 1 for iteration, _, _ in rec.rollouts)
+    greedy = SearchSession(search_runtime, SearchConfig(**{**SAMPLED, "temperature": 0.0})).steps_for(problems[0])
+    for iteration, parents, children in rec.rollouts:
+        assert len(rec.expanded) > iteration + 1
+        # One more step each, decoded greedily: what a temperature-0 search would generate.
+        again = asyncio.run(greedy.expand(parents, iteration))
+        assert [child.steps for child in children] == [c.steps for [c] in again]
+        assert all(len(c.steps) - len(p.steps) <= 1 and c.steps[:len(p.steps)] == p.steps
+                   for p, c in zip(parents, children))
+        # The survivors are the best rollouts' parents, which keep only their own steps.
+        ranks = [child.score("last") for child in children]
+        best = sorted(range(len(parents)), key=lambda i: ranks[i], reverse=True)[:config.keep]
+        assert set(map(id, rec.expanded[iteration + 1][0])) == {id(parents[i]) for i in best}
+    _, unused, _ = trace_lookahead(search_runtime, problems[0], **SAMPLED, lookahead=1, sal_lookahead_unused=True)
+    assert not unused.rollouts  # search-and-learn's beam search never ranks by its rollouts
+    if len(unused.expanded) > 1:  # ranked by the beams' own scores, as with lookahead 0
+        active = unique_texts([b for b in unused.scored[0] if not b.completed])
+        assert unused.expanded[1][0] == refill(keep(active, unused.config), config.n)
+
+
+@pytest.mark.slow
+def test_uneven_n_prunes_nothing_when_n_is_below_the_beam_width(search_runtime, problems):
+    _, rec, _ = trace(search_runtime, problems[0], **{**SAMPLED, "n": 3, "beam_width": 4}, sal_uneven_n=True)
+    assert len(rec.expanded) >= 2
+    for iteration in range(len(rec.expanded)):
+        assert len(rec.expanded[iteration][0]) == 3
+        if iteration:
+            unique = unique_texts([b for b in rec.scored[iteration - 1] if not b.completed])
+            assert rec.expanded[iteration][0] == refill(unique, 3)  # all kept, in order
+
+
+def test_step_cap_is_clipped_to_the_room_left(search_runtime, problems):
+    steps = SearchSession(search_runtime, SearchConfig(**SMALL)).steps_for(problems[0])
+    room = search_runtime.generator.max_model_len
+    root = steps.root()
+    assert steps._params(root, 0, 1, False).max_tokens == SMALL["max_step_tokens"]
+    assert steps._params(root, 0, 1, True).max_tokens == SMALL["max_tokens"]
+    near_end = Beam(root.token_ids + [root.token_ids[-1]] * (room - len(root.token_ids) - 5), root.prompt_len)
+    assert steps._params(near_end, 0, 1, False).max_tokens == 5
+    assert steps._params(near_end, 0, 1, True).max_tokens == 5

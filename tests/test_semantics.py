@@ -7,11 +7,19 @@ are tested in test_search.py and test_prompts_prm.py on the real demo models."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
+import random
+
+import numpy as np
+import pytest
+
 from search.beam_search import final_beams, keep, refill
 from search.beam_state import Beam, StepCounts
-from search.config import SearchConfig
+from search.config import SAL_SWITCHES, SearchConfig
 from search.problem import Problem
 from search.results import summarize
+from tts_runtime.config import ConfigError
 
 
 def _beam(text: str, score: float, finish: str | None = None) -> Beam:
@@ -77,3 +85,79 @@ def test_votes_weigh_last_step_scores_whatever_the_ranking_aggregation():
     assert result.majority_prediction == "7"
     by_min = summarize(problem, beams, SearchConfig(aggregation="min", vote_aggregation="min"), StepCounts(), 1.0)
     assert by_min.weighted_prediction == "9"
+
+
+# -- search-and-learn switches (sal_exact and one sal_* field per difference) ------------
+
+def test_sal_exact_turns_every_switch_on_and_each_can_be_set_alone():
+    plain = SearchConfig().resolved()
+    assert not any(getattr(plain, name) for name in SAL_SWITCHES) and plain.seed == 42
+    exact = SearchConfig(sal_exact=True).resolved()
+    assert all(getattr(exact, name) is True for name in SAL_SWITCHES)
+    assert exact.seed == 0  # every search-and-learn recipe's seed
+    assert SearchConfig(sal_exact=True, seed=7).resolved().seed == 7  # a given seed wins
+    assert SearchConfig(sal_exact=True, sal_tie_order=False).resolved().sal_tie_order is False
+    only_ties = SearchConfig(sal_tie_order=True).resolved()
+    assert only_ties.sal_tie_order and not only_ties.sal_empty_step and only_ties.seed == 42
+    # The fields keep what was given: turned on later (a command-line --sal-exact over a
+    # config file), sal_exact still reaches every switch left unset.
+    later = replace(SearchConfig(sal_tie_order=False), sal_exact=True).resolved()
+    assert later.sal_empty_step and not later.sal_tie_order and later.seed == 0
+
+
+def _sal_cut(scores: list[float], k: int) -> list[int]:
+    """search-and-learn's survivor rule, written out: the indices not pruned after
+    `np.argsort(np.array(agg_scores).flatten())[-k:]`, in generation order."""
+    top_indices = np.argsort(np.array(scores).flatten())[-k:]
+    return [i for i in range(len(scores)) if i in top_indices]
+
+
+def test_tie_order_is_numpys_argsort_under_the_switch():
+    active = [_beam("a", 0.5), _beam("b", 0.9), _beam("c", 0.5), _beam("d", 0.5)]
+    # Keep 2 of (0.5, 0.9, 0.5, 0.5): tts keeps the earlier 0.5 (a), numpy's order the last (d).
+    assert keep(active, SearchConfig(n=4, beam_width=2)) == [active[0], active[1]]
+    assert keep(active, SearchConfig(n=4, beam_width=2, sal_tie_order=True)) == [active[1], active[3]]
+    by_score = SearchConfig(n=4, beam_width=2, sal_tie_order=True, survivor_order="score")
+    assert keep(active, by_score) == [active[1], active[3]]
+    # Against numpy itself, on lists short (insertion sort) and long (numpy's quicksort) with
+    # many ties, for every cut size.
+    rng = random.Random(0)
+    for size in (2, 3, 5, 8, 16, 17, 40, 64, 200):
+        scores = [rng.choice([0.1, 0.25, 0.5, 0.75]) for _ in range(size)]
+        beams = [_beam(str(i), score) for i, score in enumerate(scores)]
+        for k in {1, 2, size // 3 or 1, size // 2 or 1, size}:
+            config = SearchConfig(n=k * 2, beam_width=2, sal_tie_order=True)
+            assert [int(b.text) for b in keep(beams, config)] == _sal_cut(scores, k), (size, k)
+
+
+def test_n_not_a_multiple_of_the_beam_width_needs_the_switch():
+    with pytest.raises(ConfigError, match=r"n \(6\) must be a multiple of the beam width \(4\)"):
+        SearchConfig(n=6, beam_width=4)
+    with pytest.raises(ConfigError, match="multiple of the beam width"):  # search-and-learn refuses it for DVTS too
+        SearchConfig(method="dvts", n=6, beam_width=4, sal_exact=True)
+    active = [_beam(c, s) for c, s in zip("abcde", (0.2, 0.9, 0.5, 0.1, 0.7))]
+    six = SearchConfig(n=6, beam_width=4, sal_uneven_n=True)
+    assert six.keep == 1 and keep(active, six) == [active[1]]  # 6 // 4 beams survive
+    three = SearchConfig(n=3, beam_width=4, sal_uneven_n=True)
+    # 3 // 4 == 0 and search-and-learn's argsort(...)[-0:] is the whole list: nothing is pruned.
+    assert three.keep == 0 and keep(active[:3], three) == active[:3]
+    assert _sal_cut([0.2, 0.9, 0.5], 0) == [0, 1, 2]
+
+
+def test_lookahead_ranks_by_the_rollout_score_when_given():
+    active = [_beam("a", 0.9), _beam("b", 0.1), _beam("c", 0.5)]
+    config = SearchConfig(n=2, beam_width=2)
+    assert keep(active, config) == [active[0]]
+    assert keep(active, config, ranks=[0.2, 0.8, 0.3]) == [active[1]]  # the rollouts' scores decide
+    with pytest.raises(ConfigError, match="lookahead applies to beam search only"):
+        SearchConfig(method="dvts", lookahead=1)
+    with pytest.raises(ConfigError, match="lookahead must be >= 0"):
+        SearchConfig(lookahead=-1)
+    with pytest.raises(ConfigError, match="do not combine"):
+        SearchConfig(lookahead=1, speculative_extension=True)
+
+
+def test_child_drops_the_empty_step_score_of_its_parent():
+    parent = Beam([0], 1, ["x\n\n"], [0.4, 0.8])  # under sal_empty_step: step, then empty step
+    child = parent.child([5], "y\n\n", None, max_len=100)
+    assert child.steps == ["x\n\n", "y\n\n"] and child.step_scores == [0.4]  # rescored in full next

@@ -23,7 +23,7 @@ from tts_runtime.runs.config_file import read_config_file
 from tts_runtime.runs.run_config import RunConfig
 
 # Panels in --help, after the common options (those without a panel).
-PANELS = ("Search details", "Dataset", "Models", "Memory", "Engine", "Scheduler", "Co-hosting", "Kernels",
+PANELS = ("Search details", "search-and-learn", "Dataset", "Models", "Memory", "Engine", "Scheduler", "Co-hosting", "Kernels",
           "Pipeline", "Scale-out (Ray)")
 _CONFIG_HELP = ("YAML or JSON file of options (keys: option names, or a run folder's config.json); "
                 "options given on the command line override it.")

@@ -11,7 +11,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from search.config import SearchConfig
+from search.config import SAL_SWITCHES, SearchConfig
 from search.driver import run_search
 from search.prm import check_prm_head
 from search.problem import Problem
@@ -54,10 +54,12 @@ def run_record(run: RunConfig, command: Sequence[str]) -> dict[str, Any]:
     on this machine, the machine and versions, and the command line. Built before any model
     loads, so a resume that does not match is refused at once."""
     device = resolve_device(run.engine.device)
+    search = run.search.resolved()
     return {
         **run.to_dict(),
         "resolved": {"dtype": str(resolve_dtype(run.models.dtype, device)),
-                     "prm_format": prm_format_name(run.search, run.models.specs()[1].model)},
+                     "prm_format": prm_format_name(run.search, run.models.specs()[1].model),
+                     **{name: getattr(search, name) for name in ("seed", *SAL_SWITCHES)}},
         "fingerprints": fingerprints(run),
         **environment(device),
         "command": list(command),
