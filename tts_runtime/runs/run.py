@@ -93,10 +93,15 @@ def split_finished(folder: RunFolder, problems: Sequence[Problem]) -> tuple[list
     return previous, [problem for problem in problems if problem.id not in done]
 
 
-def sal_rows(problems: Sequence[Problem], results: Sequence[ProblemResult], config: SearchConfig) -> list[dict]:
-    """search-and-learn's completions rows of the finished problems, in problem order."""
+def write_sal_outputs(folder: RunFolder, problems: Sequence[Problem], results: Sequence[ProblemResult],
+                      config: SearchConfig, metrics: dict[str, Any]) -> None:
+    """search-and-learn's completions file of the finished problems (in problem order) and
+    its accuracy at every k, graded by the run's grader, into metrics."""
     by_id = {result.id: result for result in results}
-    return [sal_row(problem, by_id[problem.id], config.n) for problem in problems if problem.id in by_id]
+    rows = [sal_row(problem, by_id[problem.id], config.n) for problem in problems if problem.id in by_id]
+    folder.write_rows(completions_file(config.method), rows)
+    metrics["grader"] = config.grader
+    metrics["accuracy_at_k"] = accuracy_at_k(rows, config.n, config.grader)
 
 
 def run_into_folder(runtime: Runtime, problems: Sequence[Problem], config: SearchConfig, folder: RunFolder,
@@ -130,10 +135,7 @@ def run_into_folder(runtime: Runtime, problems: Sequence[Problem], config: Searc
         outcome.metrics = run_metrics(previous + outcome.new, outcome.new, seconds, work,
                                       runtime.memory_metrics(), cohost)
         outcome.metrics["failed"] = failed_metrics(outcome.failed)
-        rows = sal_rows(problems, previous + outcome.new, config)
-        folder.write_rows(completions_file(config.method), rows)
-        outcome.metrics["grader"] = config.grader
-        outcome.metrics["accuracy_at_k"] = accuracy_at_k(rows, config.n, config.grader)
+        write_sal_outputs(folder, problems, previous + outcome.new, config, outcome.metrics)
         folder.write_metrics(outcome.metrics)
 
     try:

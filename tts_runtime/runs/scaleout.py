@@ -36,7 +36,7 @@ from tts_runtime.config import EngineConfig, ModelSpec
 from tts_runtime.runs.datasets import Problem
 from tts_runtime.runs.metrics import EngineCounters, RunCounters, run_metrics
 from tts_runtime.runs.ray_pool import ReplicaInfo, ReplicaPool, WorkItem, ray_cluster
-from tts_runtime.runs.run import RunOutcome, check_models, failed_metrics, split_finished
+from tts_runtime.runs.run import RunOutcome, check_models, failed_metrics, split_finished, write_sal_outputs
 from tts_runtime.runs.run_folder import RunFolder
 from tts_runtime.runs.scale_config import ScaleOut
 
@@ -163,6 +163,6 @@ def run_scaled(spec: ReplicaSpec, problems: Sequence[Problem], config: SearchCon
                                   _sum_counters([counters for counters, _ in reports]), memory)
     outcome.metrics["scaleout"] = {**pool.stats(), "startup_seconds": startup, "failed": failed}
     outcome.metrics["failed"] = failed_metrics(outcome.failed)
-    outcome.metrics["grader"] = config.grader
+    write_sal_outputs(folder, problems, previous + outcome.new, config, outcome.metrics)
     folder.write_metrics(outcome.metrics)
     return outcome
