@@ -61,11 +61,6 @@ class MemoryProfile:
         """One KV block: block_size tokens x bytes per token per layer x layers."""
         return self.block_size * self.kv_bytes_per_token_per_layer * self.num_layers
 
-    @property
-    def fixed_bytes(self) -> int:
-        """Everything but KV."""
-        return self.weights_bytes + self.activation_bytes + self.non_torch_bytes
-
     def to_dict(self) -> dict:
         return {**asdict(self), "block_bytes": self.block_bytes,
                 "kv_bytes_per_token_per_layer": self.kv_bytes_per_token_per_layer}

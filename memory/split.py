@@ -20,7 +20,6 @@ Policies choose F:
 from __future__ import annotations
 
 import math
-import math
 import re
 from dataclasses import dataclass
 

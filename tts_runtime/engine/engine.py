@@ -267,10 +267,6 @@ class Engine(BlockingCalls):
         return bool(self._groups)
 
     @property
-    def num_unfinished_requests(self) -> int:
-        return len(self._groups)
-
-    @property
     def num_unfinished_sequences(self) -> int:
         """Sequences still to finish, counting the children a request has yet to fork."""
         return sum(1 if group.is_score else
