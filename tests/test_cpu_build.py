@@ -91,11 +91,11 @@ def test_the_cpu_memory_profile_prints_no_profiler_lines():
     # Kineto writes "USDT:... profiler_start/stop" to stderr from C++; the first run of the
     # demo showed them. Whatever else reaches stderr during the profile still does.
     script = ("import sys, torch\n"
-              "from memory.profile import _measure_cpu\n"
+              "from memory.profile import measure_forward\n"
               "def forward():\n"
               "    torch.randn(256, 256) @ torch.randn(256, 256)\n"
               "    print('kept', file=sys.stderr)\n"
-              "print(_measure_cpu(forward))\n")
+              "print(measure_forward(forward, torch.device('cpu'))[0])\n")
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1])}
     done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]

@@ -202,16 +202,16 @@ POINTERS = {"x", "weight", "out", "gate_up", "q", "k", "cos", "sin"}
 for ty in ("bf16", "fp32"):
     for dim, gemma in ((2048, False), (4096, False), (576, False), (640, True), (256, True), (64, False)):
         block = triton.next_power_of_2(dim)
-        build(f._rms_norm_kernel, ty, dict(DIM=dim, GEMMA=gemma, BLOCK=block), f._warps(block))
+        build(f.rms_norm_kernel, ty, dict(DIM=dim, GEMMA=gemma, BLOCK=block), f.warps_for(block))
     for inter, act in ((8192, 0), (14336, 0), (1536, 0), (2048, 1)):
-        build(f._act_and_mul_kernel, ty, dict(INTERMEDIATE=inter, ACTIVATION=act,
-                                              BLOCK=min(1024, triton.next_power_of_2(inter))))
+        build(f.act_and_mul_kernel, ty, dict(INTERMEDIATE=inter, ACTIVATION=act,
+                                             BLOCK=min(1024, triton.next_power_of_2(inter))))
     for heads, kv_heads, head_dim in ((32, 8, 64), (32, 8, 128), (9, 3, 64), (4, 1, 256)):
         half = head_dim // 2
-        build(f._rotary_kernel, ty, dict(NUM_Q_HEADS=heads, NUM_K_HEADS=kv_heads, HALF=half,
-                                         BLOCK_HQ=triton.next_power_of_2(heads),
-                                         BLOCK_HK=triton.next_power_of_2(kv_heads),
-                                         BLOCK_HALF=triton.next_power_of_2(half)))
+        build(f.rotary_kernel, ty, dict(NUM_Q_HEADS=heads, NUM_K_HEADS=kv_heads, HALF=half,
+                                        BLOCK_HQ=triton.next_power_of_2(heads),
+                                        BLOCK_HK=triton.next_power_of_2(kv_heads),
+                                        BLOCK_HALF=triton.next_power_of_2(half)))
 print("compiled")
 """
 

@@ -51,10 +51,10 @@ def test_prepacked_weights_match_plain_ones_and_only_the_models_own_are_packed(g
     for _ in range(2):  # the first call packs, the second reuses the packed copy
         got = packed(x, proj.weight, proj.bias)
         assert (got - want).abs().max().item() <= 1e-4 * want.abs().max().item()
-    assert len(packed._packed) == 1
+    assert len(packed.packed_weight_ids) == 1
     rows = model.output_weight[torch.tensor([5, 9, 11])]  # a PRM's candidate columns: a new tensor per call
     assert torch.allclose(packed(x, rows, None), F.linear(x, rows), rtol=1e-4, atol=1e-5)
-    assert len(packed._packed) == 1
+    assert len(packed.packed_weight_ids) == 1
 
 
 def test_packed_copies_are_counted_in_the_memory_profile(generator_model):

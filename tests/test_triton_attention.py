@@ -244,20 +244,20 @@ def build(fn, dtype, consts, num_warps):
 for dtype, d, group, window, softcap, splits in [
         (torch.bfloat16, 256, 4, True, False, 4), (torch.float16, 128, 4, False, True, 1),
         (torch.bfloat16, 64, 3, True, True, 1), (torch.float32, 64, 4, True, True, 2)]:
-    block_m, block_n, warps = ta.TritonAttention()._tiles(d, dtype)
+    block_m, block_n, warps = ta.TritonAttention().tile_sizes(d, dtype)
     prec = "ieee" if dtype == torch.float32 else None
     common = dict(GROUP=group, HEAD_DIM=d, BLOCK_SIZE=16, USE_WINDOW=window, USE_SOFTCAP=softcap,
                   BLOCK_N=block_n, BLOCK_D=d, F32_DOT=False, PRECISION=prec)
-    build(ta._decode_kernel, dtype, dict(common, NUM_SPLITS=splits, BLOCK_G=16), warps)
-    build(ta._prefill_kernel, dtype, dict(common, BLOCK_M=block_m), warps)
+    build(ta.decode_kernel, dtype, dict(common, NUM_SPLITS=splits, BLOCK_G=16), warps)
+    build(ta.prefill_kernel, dtype, dict(common, BLOCK_M=block_m), warps)
     if splits > 1:
-        build(ta._decode_reduce_kernel, dtype, dict(NUM_HEADS=group, HEAD_DIM=d, NUM_SPLITS=splits,
-                                                    BLOCK_S=splits, BLOCK_D=d), 4)
+        build(ta.decode_reduce_kernel, dtype, dict(NUM_HEADS=group, HEAD_DIM=d, NUM_SPLITS=splits,
+                                                   BLOCK_S=splits, BLOCK_D=d), 4)
     block_g = triton.next_power_of_2(group)
-    build(ta._cascade_kernel, dtype, dict(common, NUM_HEADS=group, BLOCK_R=max(1, 64 // block_g),
-                                          BLOCK_G=block_g), warps)
-    build(ta._cascade_merge_kernel, dtype, dict(NUM_HEADS=group, HEAD_DIM=d, BLOCK_D=d), 4)
-    build(ta._store_kv_kernel, dtype,
+    build(ta.cascade_kernel, dtype, dict(common, NUM_HEADS=group, BLOCK_R=max(1, 64 // block_g),
+                                         BLOCK_G=block_g), warps)
+    build(ta.cascade_merge_kernel, dtype, dict(NUM_HEADS=group, HEAD_DIM=d, BLOCK_D=d), 4)
+    build(ta.store_kv_kernel, dtype,
           dict(NUM_KV_HEADS=2, HEAD_DIM=d, BLOCK_SIZE=16, BLOCK_H=2, BLOCK_D=d), 4)
 print("compiled")
 """
@@ -318,7 +318,7 @@ def test_cascade_matches_torch(name):
     ref = TorchAttention().attend(query, k_cache, v_cache, meta, scale, case.window, case.softcap)
     backend = TritonAttention(cascade=True)
     out = backend.attend(query, k_cache, v_cache, meta, scale, case.window, case.softcap)
-    assert backend._plan_for[1] is not None, "the batch shares blocks: the cascade kernels must run"
+    assert backend.used_cascade, "the batch shares blocks: the cascade kernels must run"
     assert out.dtype == query.dtype and torch.isfinite(out).all()
     assert rel_err(out, ref) <= REL_TOL[case.dtype]
 
@@ -327,4 +327,4 @@ def test_cascade_leaves_batches_without_shared_blocks_to_the_flat_kernels():
     query, k_cache, v_cache, meta = shared_case_on_device(CASES["long-single-sequence"])
     backend = TritonAttention(cascade=True)
     backend.attend(query[:, :9], k_cache, v_cache, meta, 0.125, None, None)
-    assert backend._plan_for[1] is None
+    assert not backend.used_cascade

@@ -266,6 +266,10 @@ class Engine(BlockingCalls):
     def has_unfinished_requests(self) -> bool:
         return bool(self._groups)
 
+    def request_sequences(self, request_id: str) -> list[Sequence]:
+        """The sequences of an unfinished request: one, or its `n` children once forked."""
+        return list(self._groups[request_id].sequences)
+
     @property
     def num_unfinished_sequences(self) -> int:
         """Sequences still to finish, counting the children a request has yet to fork."""
