@@ -8,10 +8,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.helpers import GENERATOR, PRM
 from tts_runtime.models.loader import LoadedModel, load_model
-
-GENERATOR = "smollm2-135m-instruct"
-PRM = "gemma3-270m"
 
 # Triton reads this once, at its first import: without a GPU its kernels run interpreted.
 if not torch.cuda.is_available():

@@ -14,8 +14,7 @@ from tts_runtime.executor.cpu.cpu_extensions import KernelUnavailable
 from tts_runtime.executor.layer_ops import PrepackedLinear, layer_ops, packed_weight_bytes
 from tts_runtime.models.loader import load_model
 
-from tests.conftest import GENERATOR, PRM
-from tests.test_engine_parity import _prompts
+from tests.helpers import GENERATOR, PRM, question_prompts
 
 CPU = torch.device("cpu")
 
@@ -144,7 +143,7 @@ def test_whole_models_in_bf16_are_as_close_to_fp32_as_onednn(kernel, role, reque
     # backend's distance from the fp32 model instead.
     fp32 = request.getfixturevalue(f"{role}_model")
     bf16 = request.getfixturevalue(f"bf16_{role}")
-    prompts = _prompts(bf16)
+    prompts = question_prompts(bf16)
     reference = _candidate_scores(fp32, "onednn", prompts)
     error = {backend: (_candidate_scores(bf16, backend, prompts) - reference).abs()
              for backend in ("onednn", "streamed")}

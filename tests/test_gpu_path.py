@@ -37,8 +37,9 @@ from tts_runtime.models.arch import arch_from_hf  # noqa: E402
 from tts_runtime.models.decoder import DecoderModel  # noqa: E402
 from tts_runtime.models.layers import EAGER_OPS  # noqa: E402
 
+from tests.helpers import GENERATOR, PRM  # noqa: E402
+
 HAS_CUDA = torch.cuda.is_available()
-GENERATOR, PRM = "smollm2-135m-instruct", "gemma3-270m"  # the demo models (tests/conftest.py)
 needs_cuda = pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA device")
 DEVICES = ["cpu", pytest.param("cuda", marks=[pytest.mark.gpu, needs_cuda])]
 
@@ -491,24 +492,24 @@ def test_bench_gpu_workload_helpers_on_cpu(generator_model):
     """The benchmark's per-variant calls, on CPU at toy sizes (the GPU run uses them as is)."""
     from transformers import AutoModelForCausalLM, LlamaConfig
 
-    from evals.bench_gpu import _hf_generate, _hf_score, _random_prompts, _tts_generate, _tts_score
+    from evals.bench_gpu import hf_generate, hf_score, random_prompts, tts_generate, tts_score
     from tts_runtime.engine.request import ScoreParams
 
     hf = AutoModelForCausalLM.from_config(LlamaConfig(**{**_tiny_llama(), "vocab_size": 49152})).eval()
-    prompts = [[p % 49152 for p in prompt] for prompt in _random_prompts(2, 6, seed=0)]  # SmolLM2's vocab
-    assert _hf_generate(hf, prompts, 3) == {"tokens": 6}
-    assert _hf_score(hf, prompts, 1, last_only=True) == {"tokens": 12}
-    assert _hf_score(hf, prompts, 2, last_only=False) == {"tokens": 12}
+    prompts = [[p % 49152 for p in prompt] for prompt in random_prompts(2, 6, seed=0)]  # SmolLM2's vocab
+    assert hf_generate(hf, prompts, 3) == {"tokens": 6}
+    assert hf_score(hf, prompts, 1, last_only=True) == {"tokens": 12}
+    assert hf_score(hf, prompts, 2, last_only=False) == {"tokens": 12}
     engine = Engine(generator_model.name, EngineConfig(cache=CacheConfig(num_blocks=8)), loaded=generator_model)
-    assert _tts_generate(engine, prompts, 3) == {"tokens": 6}
-    assert _tts_score(engine, prompts, ScoreParams([5], [10, 20]), fused=False) == {"tokens": 12}
+    assert tts_generate(engine, prompts, 3) == {"tokens": 6}
+    assert tts_score(engine, prompts, ScoreParams([5], [10, 20]), fused=False) == {"tokens": 12}
     assert engine.executor.ops is EAGER_OPS
 
 
 def test_bench_gpu_rooflines():
-    from evals.bench_gpu import _arch, decode_roofline_seconds, prefill_flops_per_token
+    from evals.bench_gpu import decode_roofline_seconds, prefill_flops_per_token, shape_arch
 
-    arch = _arch("llama-3.2-1b")
+    arch = shape_arch("llama-3.2-1b")
     layer_params = 16 * (2048 * 64 * (2 * 32 + 2 * 8) + 3 * 2048 * 8192)
     weights = 2 * (layer_params + 128256 * 2048)
     kv_token = 32 * 1024  # DESIGN §11: 32 KiB per token in bf16
