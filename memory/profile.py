@@ -4,7 +4,7 @@
 
 Weights are counted from the parameter tensors. Peak activations are measured by running
 the engine's profiling forward (the largest step it can be asked for, see
-tts_runtime/engine/profiling.py) and reading the allocator's peak:
+tts_runtime/executor/profiling_forward.py) and reading the allocator's peak:
 
 * GPU: torch.cuda.max_memory_allocated over the forward; non-torch memory (CUDA context,
   library workspaces) is read by the caller from NVML (tts_runtime/engine/device_memory.py)
