@@ -1,8 +1,12 @@
-"""What several test files share that is not a fixture: the demo model names and a fixed set
-of chat prompts. Fixtures live in conftest.py."""
+"""What several test files share that is not a fixture: where the repository and the data are,
+the demo model names and a fixed set of chat prompts. Fixtures live in conftest.py."""
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
 GENERATOR = "smollm2-135m-instruct"
 PRM = "gemma3-270m"
 
@@ -18,6 +22,13 @@ QUESTIONS = [
     "Explain in one paragraph why the sum of two even numbers is even.",
     "Tom has 3 times as many marbles as Jerry. Together they have 64 marbles. How many does Tom have?",
 ]
+
+
+def shared_data_dir() -> Path:
+    """The data folder (MATH-500 and the rest): $TTS_DATA_DIR, which the Makefile and CI
+    export; a bare pytest run falls back to the shared checkout beside the repository."""
+    env = os.environ.get("TTS_DATA_DIR")
+    return Path(env) if env else REPO_ROOT.parent / "shared" / "data"
 
 
 def question_prompts(loaded) -> list[list[int]]:

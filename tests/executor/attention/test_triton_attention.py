@@ -26,10 +26,12 @@ if not torch.cuda.is_available() and not isinstance(tl.sum, InterpretedFunction)
     pytest.skip("triton was imported without TRITON_INTERPRET=1 and there is no GPU; "
                 "run this module alone or set TRITON_INTERPRET=1", allow_module_level=True)
 
-from attention_cases import CASES, build as build_shared  # noqa: E402
 from tts_runtime.executor.attention.attention import TorchAttention  # noqa: E402
 from tts_runtime.executor.batch import AttentionMetadata  # noqa: E402
 from tts_runtime.executor.attention.triton_attention import TritonAttention  # noqa: E402
+
+from tests.executor.attention_cases import CASES, build as build_shared  # noqa: E402
+from tests.helpers import REPO_ROOT  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -267,9 +269,8 @@ print("compiled")
 def test_kernels_compile_for_sm90():
     import subprocess
     import sys
-    from pathlib import Path
 
-    repo = Path(__file__).resolve().parents[1]
+    repo = REPO_ROOT
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(repo), env.get("PYTHONPATH")]))
     env.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
@@ -293,7 +294,7 @@ def test_backend_reused_across_batches():
 
 
 # -- cascade: the attention plan's items over shared prefix blocks ------------------------
-# Beam-shaped batches (tests/attention_cases.py, shared with the CPU kernel's tests), cut
+# Beam-shaped batches (tests/executor/attention_cases.py, shared with the CPU kernel's tests), cut
 # to sizes the interpreter runs in seconds.
 CASCADE_CASES = {name: CASES[name] for name in (
     "forks-of-one-prompt", "beams-diverging-at-different-blocks", "sequence-sharing-nothing",
@@ -302,7 +303,7 @@ CASCADE_CASES = {name: CASES[name] for name in (
 
 
 def shared_case_on_device(case) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, AttentionMetadata]:
-    """A tests/attention_cases.py batch (built on the CPU) with every tensor, the metadata's
+    """A tests/executor/attention_cases.py batch (built on the CPU) with every tensor, the metadata's
     too, on the GPU when there is one: compiled Triton kernels take device pointers only."""
     query, k_cache, v_cache, meta = build_shared(case)
     tensors = {f.name: getattr(meta, f.name).to(DEVICE) for f in fields(meta)

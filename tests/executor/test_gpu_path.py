@@ -13,7 +13,6 @@ from dataclasses import replace
 
 import os
 import warnings
-from pathlib import Path
 
 import pytest
 import torch
@@ -37,7 +36,7 @@ from tts_runtime.models.arch import arch_from_hf  # noqa: E402
 from tts_runtime.models.decoder import DecoderModel  # noqa: E402
 from tts_runtime.models.layers import EAGER_OPS  # noqa: E402
 
-from tests.helpers import GENERATOR, PRM  # noqa: E402
+from tests.helpers import GENERATOR, PRM, REPO_ROOT, shared_data_dir  # noqa: E402
 
 HAS_CUDA = torch.cuda.is_available()
 needs_cuda = pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA device")
@@ -222,7 +221,7 @@ def test_fused_kernels_compile_for_sm90():
     import subprocess
     import sys
 
-    repo = Path(__file__).resolve().parents[1]
+    repo = REPO_ROOT
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(repo), env.get("PYTHONPATH")]))
     proc = subprocess.run([sys.executable, "-c", _COMPILE_SCRIPT], env=env, cwd=repo,
@@ -674,8 +673,7 @@ def test_beam_search_end_to_end_on_gpu(monkeypatch):
     from search import SearchConfig, run_search
     from tts_runtime.cohost.runtime import Runtime
 
-    # The Makefile exports TTS_DATA_DIR; a bare pytest run falls back to the shared checkout.
-    data = os.environ.get("TTS_DATA_DIR") or Path(__file__).resolve().parents[2] / "shared" / "data"
+    data = shared_data_dir()
     problems = load_problems("math500", dataset_path=str(data), limit=10)
     runtime = Runtime(GENERATOR, PRM, engine_config=EngineConfig(device="cuda"))
     calls = _count_graph_runs(runtime.generator, monkeypatch)
