@@ -51,13 +51,12 @@ demo: setup
 # what needs AVX512-BF16).
 HAS_AVX2 := $(shell grep -qw avx2 /proc/cpuinfo 2>/dev/null && echo 1)
 AVX2_ENV := TTS_CPU_FEATURES=avx2 ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2
-AVX2_TESTS := tests/test_cpu_build.py tests/test_cpu_layer_ops.py tests/test_cpu_attention.py \
-	tests/test_cpu_linear.py tests/test_linear_backend.py
+AVX2_TESTS := tests/executor/cpu tests/executor/test_linear_backend.py
 
 test: setup setup-vllm
 	$(PY) -m pytest -q tests
 	$(if $(HAS_AVX2),$(AVX2_ENV) $(PY) -m pytest -q $(AVX2_TESTS),@echo "no AVX2: the x86-64-v3 test run is skipped")
-	$(VENV_VLLM)/bin/python -m pytest -q tests/test_vllm_backend.py
+	$(VENV_VLLM)/bin/python -m pytest -q tests/cohost/test_vllm_backend.py
 
 bench: setup
 	$(VENV)/bin/tts bench engine

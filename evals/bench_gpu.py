@@ -135,7 +135,8 @@ def decode_roofline_seconds(arch: ArchConfig, batch: int, prompt: int, new: int,
 
 # -- workloads -----------------------------------------------------------------------------
 
-def _random_prompts(count: int, length: int, seed: int) -> list[list[int]]:
+def random_prompts(count: int, length: int, seed: int) -> list[list[int]]:
+    """`count` prompts of `length` random token ids (equal lengths: no padding anywhere)."""
     generator = torch.Generator().manual_seed(seed)
     return torch.randint(0, _PROMPT_VOCAB, (count, length), generator=generator).tolist()
 
@@ -154,13 +155,15 @@ def _synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def _tts_generate(engine: Engine, prompts: list[list[int]], new_tokens: int) -> dict:
+def tts_generate(engine: Engine, prompts: list[list[int]], new_tokens: int) -> dict:
+    """The decode workload on tts: `new_tokens` sampled per prompt; {"tokens": generated}."""
     params = SamplingParams(temperature=0.8, max_tokens=new_tokens, ignore_eos=True)
     outputs = engine.generate(prompts, params)  # returns after the last .tolist(): synchronised
     return {"tokens": sum(len(o.completions[0].token_ids) for o in outputs)}
 
 
-def _hf_generate(hf, prompts: list[list[int]], new_tokens: int) -> dict:
+def hf_generate(hf, prompts: list[list[int]], new_tokens: int) -> dict:
+    """The decode workload on HF `generate`, sampling like `tts_generate`; {"tokens": generated}."""
     ids = torch.tensor(prompts, device=hf.device)  # equal lengths: no padding
     with torch.inference_mode():
         out = hf.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=new_tokens,
@@ -206,11 +209,11 @@ def bench_decode(config: GpuBenchConfig, device: torch.device) -> dict[tuple[int
     hf = _hf_model(config.decode_model, device)
     results = {}
     for context, batch in ((c, b) for c in config.decode_contexts for b in config.decode_batches):
-        prompts = _random_prompts(batch, context, config.seed + batch)
+        prompts = random_prompts(batch, context, config.seed + batch)
         variants: dict[str, Callable[[], dict]] = {
-            "hf": lambda: _hf_generate(hf, prompts, config.new_tokens)}
+            "hf": lambda: hf_generate(hf, prompts, config.new_tokens)}
         for label, engine in engines.items():
-            variants[label] = lambda engine=engine: _tts_generate(engine, prompts, config.new_tokens)
+            variants[label] = lambda engine=engine: tts_generate(engine, prompts, config.new_tokens)
         for fn in variants.values():  # warm-up: Triton compilation, cuBLAS heuristics
             fn()
         side = SideBySide(f"decode batch {batch} context {context}")
@@ -223,7 +226,8 @@ def bench_decode(config: GpuBenchConfig, device: torch.device) -> dict[tuple[int
     return results
 
 
-def _tts_score(engine: Engine, prompts: list[list[int]], params: ScoreParams, fused: bool) -> dict:
+def tts_score(engine: Engine, prompts: list[list[int]], params: ScoreParams, fused: bool) -> dict:
+    """The prefill (PRM score) workload on tts, fused Triton ops or eager; {"tokens": prompt tokens}."""
     # The ablation shares the executor: set its ops for this run (prefill runs eagerly, no
     # CUDA graph has baked any op in).
     if fused:
@@ -236,7 +240,9 @@ def _tts_score(engine: Engine, prompts: list[list[int]], params: ScoreParams, fu
     return {"tokens": sum(len(o.prompt_token_ids) for o in outputs)}
 
 
-def _hf_score(hf, prompts: list[list[int]], per_forward: int, last_only: bool) -> dict:
+def hf_score(hf, prompts: list[list[int]], per_forward: int, last_only: bool) -> dict:
+    """The prefill workload on HF, `per_forward` prompts a forward, all logits or the last
+    position's only; {"tokens": prompt tokens}."""
     with torch.inference_mode():
         for start in range(0, len(prompts), per_forward):
             ids = torch.tensor(prompts[start: start + per_forward], device=hf.device)
@@ -258,14 +264,14 @@ def bench_prefill(config: GpuBenchConfig, device: torch.device) -> SideBySide:
     ), loaded=loaded)
     hf = _hf_model(config.prefill_model, device)
     length = config.prefill_prompt_tokens
-    prompts = _random_prompts(config.prefill_requests, length, config.seed)
+    prompts = random_prompts(config.prefill_requests, length, config.seed)
     params = ScoreParams(positions=[length - 1], candidate_token_ids=[10, 20])
     per_forward = max(1, config.prefill_batch_tokens // length)
     variants = {
-        "hf": lambda: _hf_score(hf, prompts, per_forward, last_only=False),
-        "hf_last_logits": lambda: _hf_score(hf, prompts, per_forward, last_only=True),
-        "tts": lambda: _tts_score(engine, prompts, params, fused=True),
-        "tts_eager_ops": lambda: _tts_score(engine, prompts, params, fused=False),
+        "hf": lambda: hf_score(hf, prompts, per_forward, last_only=False),
+        "hf_last_logits": lambda: hf_score(hf, prompts, per_forward, last_only=True),
+        "tts": lambda: tts_score(engine, prompts, params, fused=True),
+        "tts_eager_ops": lambda: tts_score(engine, prompts, params, fused=False),
     }
     for fn in variants.values():
         fn()
@@ -297,7 +303,7 @@ def run_gpu_bench(config: GpuBenchConfig | None = None, command: str = "tts benc
 
     rows, summary = [], {"config": asdict(config), "hbm_bytes_per_s": bandwidth, "bf16_flops": matmul,
                          "decode": {}, "prefill": {}}
-    decode_arch = _arch(config.decode_model)
+    decode_arch = shape_arch(config.decode_model)
     for (batch, context), side in decode.items():
         rates = _rates(side)
         roof = batch * config.new_tokens / decode_roofline_seconds(
@@ -348,7 +354,7 @@ def run_gpu_bench(config: GpuBenchConfig | None = None, command: str = "tts benc
 def _prefill_rows(config: GpuBenchConfig, prefill: SideBySide, matmul: float, summary: dict,
                   rows: list[dict]) -> None:
     rates = _rates(prefill)
-    roof = matmul / prefill_flops_per_token(_arch(config.prefill_model), config.prefill_prompt_tokens)
+    roof = matmul / prefill_flops_per_token(shape_arch(config.prefill_model), config.prefill_prompt_tokens)
     summary["prefill"] = {"tokens_per_s": rates, "roofline_tokens_per_s": roof,
                           "vs_hf": rates["tts"] / rates["hf"],
                           "vs_hf_last_logits": rates["tts"] / rates["hf_last_logits"],
@@ -379,7 +385,8 @@ def _search_row(search: dict, limit: int) -> dict:
             "gain over ablation": "-", "target": "(report)"}
 
 
-def _arch(shape: str) -> ArchConfig:
+def shape_arch(shape: str) -> ArchConfig:
+    """The architecture of one of the built-in model shapes (BUILTIN_CONFIGS), for the rooflines."""
     from tts_runtime.models.arch import arch_from_hf
 
     return arch_from_hf(BUILTIN_CONFIGS[shape])

@@ -46,7 +46,7 @@ CLUSTER_NOTES = [
     "Not tested here: GPUs, more than one machine, --ray-address to a cluster on other hosts (the tests "
     "join a local one), a lost node (Ray restarts the actor where resources allow), and speed at more "
     "than two replicas. The replica-death, resume and queue logic is tested on a local 2-CPU cluster "
-    "(tests/test_scaleout.py).",
+    "(tests/runs/test_scaleout.py).",
 ]
 
 

@@ -97,7 +97,7 @@ def bench_speculation(bench: SpeculationBench, *, command: Sequence[str], log: C
              "goodput = tokens the search used (ProblemResult.generated_tokens, the same with speculation on or "
              "off) per second; generator tok/s = every token the generator sampled, discarded speculation "
              "included. kept + discarded = speculative tokens (per run, median over rounds).",
-             "With speculation on the search makes the same decisions (tests/test_speculation.py); the "
+             "With speculation on the search makes the same decisions (tests/search/test_speculation.py); the "
              "same-prediction column checks it on this workload.",
              "The machine may be shared with other work: ratios from alternating rounds, not absolute times, "
              "are the result."]

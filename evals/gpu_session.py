@@ -41,11 +41,12 @@ def _steps(work: Path) -> list[Step]:
                        "transformers; print(torch.__version__, torch.version.cuda, triton.__version__, "
                        "transformers.__version__, torch.cuda.get_device_name(0))'"], 30),
         # GPU tests that need no model files, then those that load the demo models.
-        Step("tests-kernels", py + ["-m", "pytest", "-q", "-rs", "-m", "gpu", "tests/test_triton_attention.py",
-                                    "tests/test_gpu_path.py", "-k", "not cuda_models and not parity and "
+        Step("tests-kernels", py + ["-m", "pytest", "-q", "-rs", "-m", "gpu",
+                                    "tests/executor/attention/test_triton_attention.py",
+                                    "tests/executor/test_gpu_path.py", "-k", "not cuda_models and not parity and "
                                     "not end_to_end and not graph"], 240),
         Step("tests-models", py + ["-m", "pytest", "-q", "-rs", "-m", "gpu", "tests/",
-                                   "--ignore=tests/test_triton_attention.py"], 200),
+                                   "--ignore=tests/executor/attention/test_triton_attention.py"], 200),
         Step("profile", py + ["-m", "evals.profile_gpu", "--out", str(work / "profile"),
                               "--score-models", "gemma3-270m"], 100),
         Step("bench-decode", py + ["-m", "evals.bench_gpu", "--workloads", "decode", "--repeats", "2",

@@ -1,4 +1,4 @@
-"""PNG plots of memory behaviour: one run's block timeline, and a memory sweep's curves.
+"""PNG plots of a memory sweep: its curves over the split and its block timelines.
 
 Sweep rows are the dicts of evals/memory_sweep.py (columns documented there); static settings
 draw the curve over the PRM fraction, auto and elastic are marked at the fraction they
@@ -24,20 +24,6 @@ def _save(fig, path: Path) -> Path:
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
-
-
-def plot_run_memory(metrics: dict, path: Path) -> Path:
-    """Blocks in use / cached / free per step for both models of one run (Runtime.memory_metrics)."""
-    fig, axes = plt.subplots(2, 1, figsize=(8, 5.5), sharex=True)
-    for ax, (name, _) in zip(axes, MODELS):
-        timeline = metrics[name]["timeline"]
-        ax.stackplot(timeline["steps"], timeline["in_use"], timeline["cached"], timeline["free"],
-                     labels=["in use", "cached (free)", "free"], colors=["tab:red", "tab:green", "lightgray"])
-        ax.set_ylabel(f"{name} KV blocks")
-        ax.legend(loc="upper right", fontsize=8)
-    axes[-1].set_xlabel("runtime step")
-    fig.suptitle(f"KV blocks over the run ({metrics['plan']['policy']} policy)")
-    return _save(fig, path)
 
 
 def _by_policy(rows: list[dict]) -> tuple[list[dict], list[dict]]:

@@ -4,7 +4,7 @@
 
 Weights are counted from the parameter tensors. Peak activations are measured by running
 the engine's profiling forward (the largest step it can be asked for, see
-tts_runtime/engine/profiling.py) and reading the allocator's peak:
+tts_runtime/executor/profiling_forward.py) and reading the allocator's peak:
 
 * GPU: torch.cuda.max_memory_allocated over the forward; non-torch memory (CUDA context,
   library workspaces) is read by the caller from NVML (tts_runtime/engine/device_memory.py)
@@ -60,11 +60,6 @@ class MemoryProfile:
     def block_bytes(self) -> int:
         """One KV block: block_size tokens x bytes per token per layer x layers."""
         return self.block_size * self.kv_bytes_per_token_per_layer * self.num_layers
-
-    @property
-    def fixed_bytes(self) -> int:
-        """Everything but KV."""
-        return self.weights_bytes + self.activation_bytes + self.non_torch_bytes
 
     def to_dict(self) -> dict:
         return {**asdict(self), "block_bytes": self.block_bytes,

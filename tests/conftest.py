@@ -8,18 +8,12 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.helpers import GENERATOR, PRM, shared_data_dir
 from tts_runtime.models.loader import LoadedModel, load_model
-
-GENERATOR = "smollm2-135m-instruct"
-PRM = "gemma3-270m"
 
 # Triton reads this once, at its first import: without a GPU its kernels run interpreted.
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
-
-def shared_data_dir() -> Path:
-    env = os.environ.get("TTS_DATA_DIR")
-    return Path(env) if env else Path(__file__).resolve().parents[2] / "shared" / "data"
 
 
 @pytest.fixture(scope="session")

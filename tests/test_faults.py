@@ -22,7 +22,7 @@ import torch
 
 from tts_runtime.runs.run_folder import CONFIG_FILE, CORRUPT_FILE, HISTORY_FILE, RESULTS_FILE, RunFolder
 from search.results import BeamResult, ProblemResult
-from tests.conftest import GENERATOR
+from tests.helpers import GENERATOR
 from tts_runtime.config import ConfigError
 
 TINY = ["--n", "4", "--beam-width", "2", "--num-iterations", "2", "--max-step-tokens", "32", "--max-tokens", "48"]

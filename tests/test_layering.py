@@ -10,7 +10,9 @@ import ast
 import re
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from tests.helpers import REPO_ROOT
+
+ROOT = REPO_ROOT
 PACKAGES = ("tts_runtime", "search", "memory", "evals")
 
 

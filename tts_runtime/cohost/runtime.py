@@ -35,12 +35,12 @@ from tts_runtime.cohost.phases import GENERATOR, PRM, PhaseScheduler
 from tts_runtime.cohost.vllm_engine import VllmEngine, require_vllm
 from tts_runtime.engine.engine import Engine
 from tts_runtime.engine.request import RequestOutput, SamplingParams, ScoreParams
-from tts_runtime.executor.build import build_local_executor
+from tts_runtime.executor.build_executor import build_local_executor
 from tts_runtime.executor.device_memory import device_memory_info, return_freed_host_memory
 from tts_runtime.executor.kv_cache import KVAllocation, bytes_per_block, element_size, shared_kv_views
 from tts_runtime.executor.layer_ops import packed_weight_bytes, resolved_linear_backend
 from tts_runtime.executor.pipeline.pipeline import PipelineGroup, StageModel
-from tts_runtime.executor.profiling import EngineRole, profile_tokens, profiling_forward
+from tts_runtime.executor.profiling_forward import EngineRole, profile_tokens, profiling_forward
 from tts_runtime.models.loader import LoadedModel, load_model
 from tts_runtime.paths import cache_root
 

@@ -319,9 +319,6 @@ class VllmEngine(BlockingCalls):
     def has_unfinished_requests(self) -> bool:
         return bool(self._generates or self._scores)
 
-    def num_unfinished_requests(self) -> int:
-        return len(self._generates) + len(self._scores)
-
     def step(self) -> list[RequestOutput]:
         """One vLLM engine step; the requests it finished, in our types."""
         self.stats.steps += 1

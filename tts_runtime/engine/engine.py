@@ -24,7 +24,7 @@ from tts_runtime.engine.scheduler import Scheduler
 from tts_runtime.engine.sequence import RequestGroup, Sequence, SequenceStatus
 from tts_runtime.engine.tiered_kv import TieredKV
 from tts_runtime.executor.batch import ModelOutput, SamplePlan
-from tts_runtime.executor.build import Executor, build_executor
+from tts_runtime.executor.build_executor import Executor, build_executor
 from tts_runtime.executor.kv_cache import KVAllocation, bytes_per_block
 from tts_runtime.executor.sampler import SamplingRow, child_seed, sample
 from tts_runtime.models.loader import LoadedModel, load_model
@@ -266,9 +266,9 @@ class Engine(BlockingCalls):
     def has_unfinished_requests(self) -> bool:
         return bool(self._groups)
 
-    @property
-    def num_unfinished_requests(self) -> int:
-        return len(self._groups)
+    def request_sequences(self, request_id: str) -> list[Sequence]:
+        """The sequences of an unfinished request: one, or its `n` children once forked."""
+        return list(self._groups[request_id].sequences)
 
     @property
     def num_unfinished_sequences(self) -> int:

@@ -88,12 +88,6 @@ class HostTier:
         self._entries.move_to_end(block_hash)
         self._pinned[entry.slot] = self._pinned.get(entry.slot, 0) + 1
 
-    def unpin(self, block_hash: int) -> None:
-        slot = self._entries[block_hash].slot
-        self._pinned[slot] -= 1
-        if not self._pinned[slot]:
-            del self._pinned[slot]
-
     def load(self, block_hash: int, block_id: int) -> None:
         """Queue the copy of a pinned block into device block `block_id`; the slot stays
         pinned until `take_plan`."""

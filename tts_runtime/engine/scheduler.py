@@ -76,9 +76,6 @@ class Scheduler:
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)
 
-    def add_front(self, seq: Sequence) -> None:
-        self.waiting.appendleft(seq)
-
     def finish(self, seq: Sequence) -> None:
         seq.status = SequenceStatus.FINISHED
         seq.lane = None

@@ -54,6 +54,11 @@ class PrepackedLinear:
         self._weights = {id(p): p for model in models for p in model.parameters()}
         self._packed: dict[int, torch.Tensor] = {}
 
+    @property
+    def packed_weight_ids(self) -> tuple[int, ...]:
+        """`id()`s of the weights packed into oneDNN's layout so far, in the order first used."""
+        return tuple(self._packed)
+
     def __call__(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         key = id(weight)
         packed = self._packed.get(key)

@@ -51,12 +51,12 @@ class ProfileTokens:
         position = len(row.token_ids)
         ends = mix_uniform(seed, position, 1) < (self._step_end[k] if k < len(self._step_end) else 1.0)
         if ends:
-            j = self._step_index(row.token_ids)
+            j = self.step_index(row.token_ids)
             eos = self._eos[j] if j < len(self._eos) else 1.0
             return self.profile.eos_token_id if mix_uniform(seed, position, 2) < eos else self.profile.separator_token_id
         return self._ordinary[int(mix_uniform(seed, position, 3) * len(self._ordinary))]
 
-    def _step_index(self, token_ids: list[int]) -> int:
+    def step_index(self, token_ids: list[int]) -> int:
         """Steps already in the prompt: delimiters after the last chat-turn token (once per
         step, so the scan is off the per-token path)."""
         turn = self.profile.turn_token_id

@@ -26,8 +26,8 @@ _FUSED_ACTIVATIONS = {"silu": 0, "gelu_pytorch_tanh": 1}
 
 
 @triton.jit
-def _rms_norm_kernel(x, weight, out, eps, s_xt, s_xh, s_ot, s_oh, DIM: tl.constexpr,
-                     GEMMA: tl.constexpr, BLOCK: tl.constexpr):
+def rms_norm_kernel(x, weight, out, eps, s_xt, s_xh, s_ot, s_oh, DIM: tl.constexpr,
+                    GEMMA: tl.constexpr, BLOCK: tl.constexpr):
     # One program per row: (token, head) for per-head norms, (token, 0) otherwise.
     t = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1).to(tl.int64)
@@ -44,8 +44,8 @@ def _rms_norm_kernel(x, weight, out, eps, s_xt, s_xh, s_ot, s_oh, DIM: tl.conste
 
 
 @triton.jit
-def _act_and_mul_kernel(gate_up, out, s_gt, s_ot, INTERMEDIATE: tl.constexpr, ACTIVATION: tl.constexpr,
-                        BLOCK: tl.constexpr):
+def act_and_mul_kernel(gate_up, out, s_gt, s_ot, INTERMEDIATE: tl.constexpr, ACTIVATION: tl.constexpr,
+                       BLOCK: tl.constexpr):
     t = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = cols < INTERMEDIATE
@@ -76,9 +76,9 @@ def _rotate_heads(x, t, cos1, sin1, cos2, sin2, s_t, s_h, NUM_HEADS: tl.constexp
 
 
 @triton.jit
-def _rotary_kernel(q, k, cos, sin, s_qt, s_qh, s_kt, s_kh, s_ct, s_st,
-                   NUM_Q_HEADS: tl.constexpr, NUM_K_HEADS: tl.constexpr, HALF: tl.constexpr,
-                   BLOCK_HQ: tl.constexpr, BLOCK_HK: tl.constexpr, BLOCK_HALF: tl.constexpr):
+def rotary_kernel(q, k, cos, sin, s_qt, s_qh, s_kt, s_kh, s_ct, s_st,
+                  NUM_Q_HEADS: tl.constexpr, NUM_K_HEADS: tl.constexpr, HALF: tl.constexpr,
+                  BLOCK_HQ: tl.constexpr, BLOCK_HK: tl.constexpr, BLOCK_HALF: tl.constexpr):
     # One program per token rotates all its query and key heads in place.
     t = tl.program_id(0).to(tl.int64)
     d = tl.arange(0, BLOCK_HALF)
@@ -91,7 +91,8 @@ def _rotary_kernel(q, k, cos, sin, s_qt, s_qh, s_kt, s_kh, s_ct, s_st,
     _rotate_heads(k, t, cos1, sin1, cos2, sin2, s_kt, s_kh, NUM_K_HEADS, HALF, BLOCK_HK, BLOCK_HALF)
 
 
-def _warps(block: int) -> int:
+def warps_for(block: int) -> int:
+    """Warps per program of the row kernels for a row tile of `block` elements."""
     return 4 if block <= 2048 else 8
 
 
@@ -106,9 +107,9 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, gemma_style: boo
     dim = x.shape[-1]
     heads, s_xh, s_oh = (x.shape[1], x.stride(1), out.stride(1)) if x.dim() == 3 else (1, 0, 0)
     block = triton.next_power_of_2(dim)
-    _rms_norm_kernel[(x.shape[0], heads)](
+    rms_norm_kernel[(x.shape[0], heads)](
         x, weight, out, float(eps), x.stride(0), s_xh, out.stride(0), s_oh,
-        DIM=dim, GEMMA=gemma_style, BLOCK=block, num_warps=_warps(block),
+        DIM=dim, GEMMA=gemma_style, BLOCK=block, num_warps=warps_for(block),
     )
     return out
 
@@ -125,7 +126,7 @@ def rotary_qk(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor,
     if num_tokens == 0:
         return q, k
     half = head_dim // 2
-    _rotary_kernel[(num_tokens,)](
+    rotary_kernel[(num_tokens,)](
         q, k, cos, sin, q.stride(0), q.stride(1), k.stride(0), k.stride(1), cos.stride(0), sin.stride(0),
         NUM_Q_HEADS=q.shape[1], NUM_K_HEADS=k.shape[1], HALF=half,
         BLOCK_HQ=triton.next_power_of_2(q.shape[1]), BLOCK_HK=triton.next_power_of_2(k.shape[1]),
@@ -143,7 +144,7 @@ def act_and_mul(gate_up: torch.Tensor, activation: str) -> torch.Tensor:
     if out.numel() == 0:
         return out
     block = min(1024, triton.next_power_of_2(intermediate))
-    _act_and_mul_kernel[(gate_up.shape[0], triton.cdiv(intermediate, block))](
+    act_and_mul_kernel[(gate_up.shape[0], triton.cdiv(intermediate, block))](
         gate_up, out, gate_up.stride(0), out.stride(0),
         INTERMEDIATE=intermediate, ACTIVATION=_FUSED_ACTIVATIONS[activation], BLOCK=block,
     )

@@ -2,15 +2,15 @@
 
 Same contract as ``TorchAttention`` (see ``attention.py``). Three kernels:
 
-* ``_store_kv_kernel``: one program per new token scatters its [Hkv, D] keys and
+* ``store_kv_kernel``: one program per new token scatters its [Hkv, D] keys and
   values to ``slot_mapping``.
-* ``_decode_kernel``: one program per (sequence, kv head[, key split]). The query
+* ``decode_kernel``: one program per (sequence, kv head[, key split]). The query
   heads of the GQA group are the rows of the Q tile (padded to 16 for ``tl.dot``),
   so each K/V tile is read once per kv head whatever the group size (3 works).
   With ``num_splits > 1`` each program covers a slice of the keys and
-  ``_decode_reduce_kernel`` merges the partial softmaxes (flash-decoding), which
+  ``decode_reduce_kernel`` merges the partial softmaxes (flash-decoding), which
   keeps the GPU busy when batch * kv heads is small (Gemma-3-270M has 1 kv head).
-* ``_prefill_kernel``: flash-attention over (query tile, query head). Query tiles
+* ``prefill_kernel``: flash-attention over (query tile, query head). Query tiles
   are described by a small host-built table, so one launch covers every chunk.
 
 Keys are gathered per token (block table lookup of ``j // block_size``), so the key
@@ -61,7 +61,7 @@ def _scores(q, k, scale, softcap, USE_SOFTCAP: tl.constexpr, F32_DOT: tl.constex
 
 
 @triton.jit
-def _store_kv_kernel(
+def store_kv_kernel(
     key, value, k_cache, v_cache, slot_mapping,
     s_kt, s_kh, s_kd, s_vt, s_vh, s_vd,
     s_cb, s_cs, s_ch, s_cd,
@@ -84,7 +84,7 @@ def _store_kv_kernel(
 
 
 @triton.jit
-def _decode_kernel(
+def decode_kernel(
     query, k_cache, v_cache, block_tables, context_lens,
     out, part_acc, part_m, part_l,
     scale, softcap, window,
@@ -157,7 +157,7 @@ def _decode_kernel(
 
 
 @triton.jit
-def _decode_reduce_kernel(
+def decode_reduce_kernel(
     part_acc, part_m, part_l, out,
     s_ot, s_oh, s_od,
     NUM_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, NUM_SPLITS: tl.constexpr,
@@ -180,7 +180,7 @@ def _decode_reduce_kernel(
 
 
 @triton.jit
-def _prefill_kernel(
+def prefill_kernel(
     query, k_cache, v_cache, block_tables, tiles,
     out,
     scale, softcap, window,
@@ -256,11 +256,11 @@ def _prefill_kernel(
 
 # The interpreter multiplies bf16 tiles as raw uint16 bits (triton 3.9), so under it
 # the kernels upcast dot operands to fp32 (see _dot).
-_INTERPRETED = isinstance(_decode_kernel, InterpretedFunction)
+_INTERPRETED = isinstance(decode_kernel, InterpretedFunction)
 
 
 @triton.jit
-def _cascade_kernel(
+def cascade_kernel(
     query, k_cache, v_cache, tables, items, rows,
     part_acc, part_m, part_l,
     scale, softcap, window,
@@ -274,7 +274,7 @@ def _cascade_kernel(
 ):
     """One program per (plan item, kv head, chunk of BLOCK_R of the item's query rows): the
     item's keys are read once for every row (query token x GQA head) of the tile, and each
-    row's partial softmax is stored under its plan entry for `_cascade_merge_kernel`."""
+    row's partial softmax is stored under its plan entry for `cascade_merge_kernel`."""
     item = tl.program_id(0)
     kv_head = tl.program_id(1)
     seq = tl.load(items + item * 5)
@@ -337,7 +337,7 @@ def _cascade_kernel(
 
 
 @triton.jit
-def _cascade_merge_kernel(
+def cascade_merge_kernel(
     part_acc, part_m, part_l, parts_ptr, parts, out,
     s_ot, s_oh, s_od,
     NUM_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
@@ -397,6 +397,11 @@ class TritonAttention:
         # table (host work and a copy) once per forward, not once per layer.
         self._tiles_for: tuple | None = None  # (key, tiles)
 
+    @property
+    def used_cascade(self) -> bool:
+        """The last forward's batch shared KV blocks and ran on the cascade kernels."""
+        return self._plan_for is not None and self._plan_for[1] is not None
+
     # -- store ---------------------------------------------------------------
 
     def store_kv(self, key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor,
@@ -405,7 +410,7 @@ class TritonAttention:
         if num_tokens == 0:
             return
         assert k_cache.stride() == v_cache.stride(), "k_cache and v_cache must share a layout"
-        _store_kv_kernel[(num_tokens,)](
+        store_kv_kernel[(num_tokens,)](
             key, value, k_cache, v_cache, slot_mapping,
             *key.stride(), *value.stride(), *k_cache.stride(),
             NUM_KV_HEADS=num_kv_heads, HEAD_DIM=head_dim, BLOCK_SIZE=k_cache.shape[1],
@@ -442,7 +447,7 @@ class TritonAttention:
             self._prefill(query, k_cache, v_cache, meta, out, scalars, constants)
         return out
 
-    def _tiles(self, head_dim: int, dtype: torch.dtype) -> tuple[int, int, int]:
+    def tile_sizes(self, head_dim: int, dtype: torch.dtype) -> tuple[int, int, int]:
         """(block_m, block_n, num_warps) for the prefill kernel; decode uses the same
         key tile. Chosen so that sm_90 builds fit in registers without spilling
         (checked with ptxas, not timed: tune on a GPU)."""
@@ -475,7 +480,7 @@ class TritonAttention:
             max_keys = min(max_keys, scalars[2])
         splits = self._num_splits(nd * num_kv_heads, max_keys, query.device)
         block_d = constants["BLOCK_D"]
-        _, block_n, num_warps = self._tiles(head_dim, query.dtype)
+        _, block_n, num_warps = self.tile_sizes(head_dim, query.dtype)
         if splits > 1:
             part_acc = torch.empty(nd, num_heads, splits, block_d, dtype=torch.float32,
                                    device=query.device)
@@ -483,14 +488,14 @@ class TritonAttention:
             part_l = torch.empty_like(part_m)
         else:
             part_acc = part_m = part_l = out  # unused
-        _decode_kernel[(nd, num_kv_heads, splits)](
+        decode_kernel[(nd, num_kv_heads, splits)](
             query, k_cache, v_cache, tables, lens, out, part_acc, part_m, part_l, *scalars,
             *query.stride(), *k_cache.stride(), tables.stride(0), *out.stride(),
             NUM_SPLITS=splits, BLOCK_G=max(16, triton.next_power_of_2(constants["GROUP"])),
             BLOCK_N=block_n, num_warps=num_warps, **constants,
         )
         if splits > 1:
-            _decode_reduce_kernel[(nd, num_heads)](
+            decode_reduce_kernel[(nd, num_heads)](
                 part_acc, part_m, part_l, out, *out.stride(),
                 NUM_HEADS=num_heads, HEAD_DIM=head_dim, NUM_SPLITS=splits,
                 BLOCK_S=triton.next_power_of_2(splits), BLOCK_D=block_d,
@@ -517,18 +522,18 @@ class TritonAttention:
         block_d, group = constants["BLOCK_D"], constants["GROUP"]
         block_g = triton.next_power_of_2(group)
         block_r = max(1, 64 // block_g)  # 64 query rows (tokens x heads) per tile
-        _, block_n, num_warps = self._tiles(head_dim, query.dtype)
+        _, block_n, num_warps = self.tile_sizes(head_dim, query.dtype)
         entries = rows.shape[0]
         part_acc = torch.empty(entries, num_heads, block_d, dtype=torch.float32, device=query.device)
         part_m = torch.empty(entries, num_heads, dtype=torch.float32, device=query.device)
         part_l = torch.empty_like(part_m)
-        _cascade_kernel[(items.shape[0], k_cache.shape[2], triton.cdiv(ROW_TILE, block_r))](
+        cascade_kernel[(items.shape[0], k_cache.shape[2], triton.cdiv(ROW_TILE, block_r))](
             query, k_cache, v_cache, tables, items, rows, part_acc, part_m, part_l, *scalars,
             *query.stride(), *k_cache.stride(), tables.stride(0),
             NUM_HEADS=num_heads, BLOCK_R=block_r, BLOCK_G=block_g, BLOCK_N=block_n, num_warps=num_warps,
             **constants,
         )
-        _cascade_merge_kernel[(num_tokens, num_heads)](
+        cascade_merge_kernel[(num_tokens, num_heads)](
             part_acc, part_m, part_l, parts_ptr, parts, out, *out.stride(),
             NUM_HEADS=num_heads, HEAD_DIM=head_dim, BLOCK_D=block_d,
         )
@@ -553,7 +558,7 @@ class TritonAttention:
         return tiles.to(device)
 
     def _prefill(self, query, k_cache, v_cache, meta: AttentionMetadata, out, scalars, constants) -> None:
-        block_m, block_n, num_warps = self._tiles(query.shape[2], query.dtype)
+        block_m, block_n, num_warps = self.tile_sizes(query.shape[2], query.dtype)
         key = (tuple(meta.prefill_query_starts), tuple(meta.prefill_query_lens),
                tuple(meta.prefill_context_lens), block_m, query.device)
         if self._tiles_for is not None and self._tiles_for[0] == key:
@@ -564,7 +569,7 @@ class TritonAttention:
         if tiles.shape[0] == 0:  # only empty chunks
             return
         tables = _device_table(meta.prefill_block_tables, query.device)
-        _prefill_kernel[(tiles.shape[0], query.shape[1])](
+        prefill_kernel[(tiles.shape[0], query.shape[1])](
             query, k_cache, v_cache, tables, tiles, out, *scalars,
             *query.stride(), *k_cache.stride(), tables.stride(0), *out.stride(),
             BLOCK_M=block_m, BLOCK_N=block_n, num_warps=num_warps, **constants,

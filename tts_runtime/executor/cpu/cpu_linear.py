@@ -80,6 +80,16 @@ class StreamedLinear:
         self._weights = {id(p): p for model in models for p in model.parameters() if streamable(p)}
         self._packed: dict[int, torch.Tensor] = {}
 
+    @property
+    def packed_weight_ids(self) -> tuple[int, ...]:
+        """`id()`s of the weights packed for the kernel so far, in the order first used."""
+        return tuple(self._packed)
+
+    @property
+    def fallback(self) -> Callable[[torch.Tensor, torch.Tensor, torch.Tensor | None], torch.Tensor]:
+        """The backend that takes every call the kernel does not."""
+        return self._fallback
+
     def __call__(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         key = id(weight)
         too_many_rows = self._max_rows is not None and x.numel() > self._max_rows * x.shape[-1]

@@ -38,7 +38,7 @@ import torch
 import zmq
 
 from tts_runtime.executor.attention.backends import select_backend
-from tts_runtime.executor.batch import AttentionMetadata, ModelInput, ModelOutput
+from tts_runtime.executor.batch import ModelInput, ModelOutput
 from tts_runtime.executor.kv_cache import allocate_kv_cache
 from tts_runtime.executor.layer_ops import layer_ops
 from tts_runtime.executor.local import compute_output_logits

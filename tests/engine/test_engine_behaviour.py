@@ -24,11 +24,11 @@ def test_n_children_share_the_prompt_blocks(generator_model, prompt):
     params = SamplingParams(temperature=0.8, n=4, max_tokens=8, seed=3, ignore_eos=True)
     engine.add_request("r", prompt, params)
     engine.step()  # prefill + the first token of every child
-    group = engine._groups["r"]
-    assert len(group.sequences) == 4
+    sequences = engine.request_sequences("r")
+    assert len(sequences) == 4
     full = len(prompt) // engine.block_size
-    shared = group.sequences[0].block_table[:full]
-    for child in group.sequences[1:]:
+    shared = sequences[0].block_table[:full]
+    for child in sequences[1:]:
         assert child.block_table[:full] == shared
     assert all(engine.blocks.ref_count(b) == 4 for b in shared)
     # 4 sequences of prompt + 8 tokens would need 4x the blocks without sharing.

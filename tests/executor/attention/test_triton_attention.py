@@ -26,10 +26,12 @@ if not torch.cuda.is_available() and not isinstance(tl.sum, InterpretedFunction)
     pytest.skip("triton was imported without TRITON_INTERPRET=1 and there is no GPU; "
                 "run this module alone or set TRITON_INTERPRET=1", allow_module_level=True)
 
-from attention_cases import CASES, build as build_shared  # noqa: E402
 from tts_runtime.executor.attention.attention import TorchAttention  # noqa: E402
 from tts_runtime.executor.batch import AttentionMetadata  # noqa: E402
 from tts_runtime.executor.attention.triton_attention import TritonAttention  # noqa: E402
+
+from tests.executor.attention_cases import CASES, build as build_shared  # noqa: E402
+from tests.helpers import REPO_ROOT  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -244,20 +246,20 @@ def build(fn, dtype, consts, num_warps):
 for dtype, d, group, window, softcap, splits in [
         (torch.bfloat16, 256, 4, True, False, 4), (torch.float16, 128, 4, False, True, 1),
         (torch.bfloat16, 64, 3, True, True, 1), (torch.float32, 64, 4, True, True, 2)]:
-    block_m, block_n, warps = ta.TritonAttention()._tiles(d, dtype)
+    block_m, block_n, warps = ta.TritonAttention().tile_sizes(d, dtype)
     prec = "ieee" if dtype == torch.float32 else None
     common = dict(GROUP=group, HEAD_DIM=d, BLOCK_SIZE=16, USE_WINDOW=window, USE_SOFTCAP=softcap,
                   BLOCK_N=block_n, BLOCK_D=d, F32_DOT=False, PRECISION=prec)
-    build(ta._decode_kernel, dtype, dict(common, NUM_SPLITS=splits, BLOCK_G=16), warps)
-    build(ta._prefill_kernel, dtype, dict(common, BLOCK_M=block_m), warps)
+    build(ta.decode_kernel, dtype, dict(common, NUM_SPLITS=splits, BLOCK_G=16), warps)
+    build(ta.prefill_kernel, dtype, dict(common, BLOCK_M=block_m), warps)
     if splits > 1:
-        build(ta._decode_reduce_kernel, dtype, dict(NUM_HEADS=group, HEAD_DIM=d, NUM_SPLITS=splits,
-                                                    BLOCK_S=splits, BLOCK_D=d), 4)
+        build(ta.decode_reduce_kernel, dtype, dict(NUM_HEADS=group, HEAD_DIM=d, NUM_SPLITS=splits,
+                                                   BLOCK_S=splits, BLOCK_D=d), 4)
     block_g = triton.next_power_of_2(group)
-    build(ta._cascade_kernel, dtype, dict(common, NUM_HEADS=group, BLOCK_R=max(1, 64 // block_g),
-                                          BLOCK_G=block_g), warps)
-    build(ta._cascade_merge_kernel, dtype, dict(NUM_HEADS=group, HEAD_DIM=d, BLOCK_D=d), 4)
-    build(ta._store_kv_kernel, dtype,
+    build(ta.cascade_kernel, dtype, dict(common, NUM_HEADS=group, BLOCK_R=max(1, 64 // block_g),
+                                         BLOCK_G=block_g), warps)
+    build(ta.cascade_merge_kernel, dtype, dict(NUM_HEADS=group, HEAD_DIM=d, BLOCK_D=d), 4)
+    build(ta.store_kv_kernel, dtype,
           dict(NUM_KV_HEADS=2, HEAD_DIM=d, BLOCK_SIZE=16, BLOCK_H=2, BLOCK_D=d), 4)
 print("compiled")
 """
@@ -267,9 +269,8 @@ print("compiled")
 def test_kernels_compile_for_sm90():
     import subprocess
     import sys
-    from pathlib import Path
 
-    repo = Path(__file__).resolve().parents[1]
+    repo = REPO_ROOT
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(repo), env.get("PYTHONPATH")]))
     env.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
@@ -293,7 +294,7 @@ def test_backend_reused_across_batches():
 
 
 # -- cascade: the attention plan's items over shared prefix blocks ------------------------
-# Beam-shaped batches (tests/attention_cases.py, shared with the CPU kernel's tests), cut
+# Beam-shaped batches (tests/executor/attention_cases.py, shared with the CPU kernel's tests), cut
 # to sizes the interpreter runs in seconds.
 CASCADE_CASES = {name: CASES[name] for name in (
     "forks-of-one-prompt", "beams-diverging-at-different-blocks", "sequence-sharing-nothing",
@@ -302,7 +303,7 @@ CASCADE_CASES = {name: CASES[name] for name in (
 
 
 def shared_case_on_device(case) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, AttentionMetadata]:
-    """A tests/attention_cases.py batch (built on the CPU) with every tensor, the metadata's
+    """A tests/executor/attention_cases.py batch (built on the CPU) with every tensor, the metadata's
     too, on the GPU when there is one: compiled Triton kernels take device pointers only."""
     query, k_cache, v_cache, meta = build_shared(case)
     tensors = {f.name: getattr(meta, f.name).to(DEVICE) for f in fields(meta)
@@ -318,7 +319,7 @@ def test_cascade_matches_torch(name):
     ref = TorchAttention().attend(query, k_cache, v_cache, meta, scale, case.window, case.softcap)
     backend = TritonAttention(cascade=True)
     out = backend.attend(query, k_cache, v_cache, meta, scale, case.window, case.softcap)
-    assert backend._plan_for[1] is not None, "the batch shares blocks: the cascade kernels must run"
+    assert backend.used_cascade, "the batch shares blocks: the cascade kernels must run"
     assert out.dtype == query.dtype and torch.isfinite(out).all()
     assert rel_err(out, ref) <= REL_TOL[case.dtype]
 
@@ -327,4 +328,4 @@ def test_cascade_leaves_batches_without_shared_blocks_to_the_flat_kernels():
     query, k_cache, v_cache, meta = shared_case_on_device(CASES["long-single-sequence"])
     backend = TritonAttention(cascade=True)
     backend.attend(query[:, :9], k_cache, v_cache, meta, 0.125, None, None)
-    assert backend._plan_for[1] is None
+    assert not backend.used_cascade

@@ -7,26 +7,9 @@ import torch
 
 from tts_runtime import CacheConfig, Engine, EngineConfig, SamplingParams, SchedulerConfig, ScoreParams
 
-QUESTIONS = [
-    "Natalia sold clips to 48 of her friends in April, and then she sold half as many clips in May. "
-    "How many clips did Natalia sell altogether in April and May?",
-    "What is the value of $\\sqrt{36 \\times \\sqrt{16}}$?",
-    "A rectangle has a perimeter of 30 units and its length is twice its width. What is its area?",
-    "Solve for x: 3x - 7 = 11.",
-    "Write a short poem about prime numbers.",
-    "If f(x) = 2x^2 + 3, what is f(4)?",
-    "Explain in one paragraph why the sum of two even numbers is even.",
-    "Tom has 3 times as many marbles as Jerry. Together they have 64 marbles. How many does Tom have?",
-]
+from tests.helpers import QUESTIONS, question_prompts
+
 NEW_TOKENS = 64
-
-
-def _prompts(loaded) -> list[list[int]]:
-    tok = loaded.tokenizer
-    if tok.chat_template:
-        return [tok.apply_chat_template([{"role": "user", "content": q}], tokenize=True,
-                                        add_generation_prompt=True, return_dict=False) for q in QUESTIONS]
-    return [tok(f"Question: {q}\nAnswer:")["input_ids"] for q in QUESTIONS]
 
 
 def _hf_greedy(hf, prompt: list[int], new_tokens: int, eos: set[int]) -> list[int]:
@@ -40,7 +23,7 @@ def _hf_greedy(hf, prompt: list[int], new_tokens: int, eos: set[int]) -> list[in
 @pytest.fixture(scope="module", params=["generator", "prm"])
 def case(request, generator_model, prm_model, hf_reference):
     loaded = generator_model if request.param == "generator" else prm_model
-    prompts = _prompts(loaded)
+    prompts = question_prompts(loaded)
     eos = set(loaded.arch.eos_token_ids) | {loaded.tokenizer.eos_token_id}
     hf = hf_reference(loaded)
     expected = [_hf_greedy(hf, p, NEW_TOKENS, eos) for p in prompts]

@@ -14,8 +14,7 @@ from tts_runtime.executor.cpu.cpu_extensions import KernelUnavailable
 from tts_runtime.executor.layer_ops import PrepackedLinear, layer_ops, packed_weight_bytes
 from tts_runtime.models.loader import load_model
 
-from tests.conftest import GENERATOR, PRM
-from tests.test_engine_parity import _prompts
+from tests.helpers import GENERATOR, PRM, question_prompts
 
 CPU = torch.device("cpu")
 
@@ -80,11 +79,11 @@ def test_backend_packs_the_models_own_bf16_weights_once_and_passes_the_rest_on(k
         got = linear(x, proj.weight, None)
         assert got.shape == (2, 1, proj.weight.shape[0])
         _close_to_f_linear(got.view(2, -1), x.view(2, -1), proj.weight)
-    assert len(linear._packed) == 1
+    assert len(linear.packed_weight_ids) == 1
     rows = model.output_weight[torch.tensor([5, 9, 11])]  # a PRM's candidate columns: oneDNN
     hidden = torch.randn(6, rows.shape[1], generator=torch.Generator().manual_seed(5)).bfloat16()
     torch.testing.assert_close(linear(hidden, rows, None), F.linear(hidden, rows))
-    assert len(linear._packed) == 1
+    assert len(linear.packed_weight_ids) == 1
 
 
 def test_calls_above_the_row_limit_go_to_onednn(kernel, bf16_generator):
@@ -99,10 +98,10 @@ def test_calls_above_the_row_limit_go_to_onednn(kernel, bf16_generator):
     generator = torch.Generator().manual_seed(6)
     wide = torch.randn(16, proj.weight.shape[1], generator=generator).bfloat16()
     torch.testing.assert_close(linear(wide, proj.weight, None), fallback(wide, proj.weight, None), rtol=0, atol=0)
-    assert not linear._packed
+    assert not linear.packed_weight_ids
     narrow = torch.randn(1, 2, proj.weight.shape[1], generator=generator).bfloat16()
     _close_to_f_linear(linear(narrow, proj.weight, None).view(2, -1), narrow.view(2, -1), proj.weight)
-    assert len(linear._packed) == 1
+    assert len(linear.packed_weight_ids) == 1
     assert row_limit() == (AMX_MAX_ROWS if cpu_features.has("amx_tile") else None)
 
 
@@ -116,9 +115,9 @@ def test_fp32_models_run_as_prepacked(generator_model):
     # fp32: the kernel (where this CPU has one: AVX512-BF16) takes no weight, and oneDNN's packed
     # copy serves it; without the kernel `streamed` is prepacked oneDNN itself.
     if isinstance(linear, StreamedLinear):
-        assert not linear._packed
-        linear = linear._fallback
-    assert isinstance(linear, PrepackedLinear) and list(linear._packed) == [id(proj.weight)]
+        assert not linear.packed_weight_ids
+        linear = linear.fallback
+    assert isinstance(linear, PrepackedLinear) and linear.packed_weight_ids == (id(proj.weight),)
 
 
 def test_streamed_copies_are_counted_like_prepacked_ones(bf16_generator):
@@ -144,7 +143,7 @@ def test_whole_models_in_bf16_are_as_close_to_fp32_as_onednn(kernel, role, reque
     # backend's distance from the fp32 model instead.
     fp32 = request.getfixturevalue(f"{role}_model")
     bf16 = request.getfixturevalue(f"bf16_{role}")
-    prompts = _prompts(bf16)
+    prompts = question_prompts(bf16)
     reference = _candidate_scores(fp32, "onednn", prompts)
     error = {backend: (_candidate_scores(bf16, backend, prompts) - reference).abs()
              for backend in ("onednn", "streamed")}

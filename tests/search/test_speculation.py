@@ -45,7 +45,7 @@ def searched(search_runtime, problems):
 
 def assert_same_decisions(on: list[ProblemResult], off: list[ProblemResult]) -> None:
     """The same beams, texts and answers; scores equal up to the last float bits (the PRM's
-    batches differ, and batched matmuls sum in another order: as tests/test_search.py)."""
+    batches differ, and batched matmuls sum in another order: as tests/search/test_search.py)."""
     def chosen(results):
         return [(r.id, r.prediction, r.iterations, r.completed_beams,
                  [(b.steps, b.finish_reason, b.tokens) for b in r.beams]) for r in results]

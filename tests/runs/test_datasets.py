@@ -1,5 +1,4 @@
 import json
-import os
 from pathlib import Path
 
 import pytest
@@ -7,14 +6,10 @@ import pytest
 from tts_runtime.config import ConfigError
 from tts_runtime.runs.datasets import DatasetConfig, DatasetError, Problem, load_problems
 
-
-def _data_dir() -> Path:
-    # The Makefile and CI export TTS_DATA_DIR; a bare pytest run falls back to the shared checkout.
-    env = os.environ.get("TTS_DATA_DIR")
-    return Path(env) if env else Path(__file__).resolve().parents[2] / "shared" / "data"
+from tests.helpers import shared_data_dir
 
 
-DATA_DIR = _data_dir()
+DATA_DIR = shared_data_dir()
 MATH500 = DATA_DIR / "math500" / "test.jsonl"
 needs_math500 = pytest.mark.skipif(not MATH500.is_file(), reason=f"no MATH-500 copy at {MATH500}")
 

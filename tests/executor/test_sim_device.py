@@ -88,7 +88,7 @@ def test_drawn_steps_follow_the_profile():
     assert abs(eos / len(lengths) - profile.eos_hazard()[0]) < 0.04
     # A later step index reads its own EOS hazard: after five delimiters the hazard of step 5.
     later = prompt + [profile.separator_token_id] * 5
-    assert tokens._step_index(later) == 5
+    assert tokens.step_index(later) == 5
 
 
 def test_a_forward_takes_its_modelled_time():

@@ -7,7 +7,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -17,6 +16,8 @@ from tts_runtime.config import resolve_dtype
 from tts_runtime.executor.cpu import cpu_extensions
 from tts_runtime.executor.cpu.cpu_extensions import KernelUnavailable, build_dir, cflags
 from tts_runtime.executor.cpu.cpu_linear import load_linear_kernel
+
+from tests.helpers import REPO_ROOT
 
 SOURCE = cpu_extensions.CSRC / "paged_attention_cpu.cpp"
 NEEDS_AVX2 = pytest.mark.skipif(not {"avx2", "fma"} <= cpu_features.native_features(),
@@ -76,7 +77,7 @@ def test_the_streamed_kernels_x86_64_v3_build_reports_no_kernel():
 
 @NEEDS_AVX2
 def test_set_up_prints_one_line_per_kernel_and_a_skip_line_without_a_traceback():
-    env = {**os.environ, cpu_features.ENV: "avx2", "PYTHONPATH": str(Path(__file__).parents[1])}
+    env = {**os.environ, cpu_features.ENV: "avx2", "PYTHONPATH": str(REPO_ROOT)}
     done = subprocess.run([sys.executable, "-m", "tts_runtime.executor.cpu.cpu_build"], env=env,
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0 and done.stderr == "", done.stderr[-2000:]
@@ -91,12 +92,12 @@ def test_the_cpu_memory_profile_prints_no_profiler_lines():
     # Kineto writes "USDT:... profiler_start/stop" to stderr from C++; the first run of the
     # demo showed them. Whatever else reaches stderr during the profile still does.
     script = ("import sys, torch\n"
-              "from memory.profile import _measure_cpu\n"
+              "from memory.profile import measure_forward\n"
               "def forward():\n"
               "    torch.randn(256, 256) @ torch.randn(256, 256)\n"
               "    print('kept', file=sys.stderr)\n"
-              "print(_measure_cpu(forward))\n")
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1])}
+              "print(measure_forward(forward, torch.device('cpu'))[0])\n")
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
     done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     assert int(done.stdout) > 0 and done.stderr == "kept\n"

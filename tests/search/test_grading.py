@@ -1,20 +1,14 @@
 import json
-import os
-from pathlib import Path
 
 import pytest
 
 from search.answers import extract_boxed
 from search.grading import canonical_answer, grade, majority_pick, naive_pick, vote, weighted_pick
 
-
-def _data_dir() -> Path:
-    # The Makefile and CI export TTS_DATA_DIR; a bare pytest run falls back to the shared checkout.
-    env = os.environ.get("TTS_DATA_DIR")
-    return Path(env) if env else Path(__file__).resolve().parents[2] / "shared" / "data"
+from tests.helpers import shared_data_dir
 
 
-MATH500 = _data_dir() / "math500" / "test.jsonl"
+MATH500 = shared_data_dir() / "math500" / "test.jsonl"
 needs_math500 = pytest.mark.skipif(not MATH500.is_file(), reason=f"no MATH-500 copy at {MATH500}")
 
 GRADE_CASES = [

@@ -15,10 +15,11 @@ import torch
 from tts_runtime import CacheConfig, ConfigError, Engine, EngineConfig, SamplingParams, SchedulerConfig, ScoreParams
 from tts_runtime import cpu_features
 from tts_runtime.executor.attention.backends import TorchAttention, select_backend
-from attention_cases import CASES, Case, build
 from tts_runtime.executor.attention.attention_plan import batch_sequences, prefix_tree
 from tts_runtime.executor.cpu.cpu_attention import CpuPagedAttention, load_kernel
 from tts_runtime.executor.cpu.cpu_extensions import KernelUnavailable
+
+from tests.executor.attention_cases import CASES, Case, build
 
 REL_TOL = {torch.float32: 1e-5, torch.bfloat16: 2e-2}
 

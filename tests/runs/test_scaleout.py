@@ -24,7 +24,7 @@ ray = pytest.importorskip("ray", reason="scale-out tests need Ray (pip install r
 from memory.split import MemoryConfig
 from tts_runtime.options import parse_size
 from search import ProblemResult, SearchConfig
-from tests.conftest import GENERATOR, PRM
+from tests.helpers import GENERATOR, PRM
 from tts_runtime.cli import app
 from tts_runtime.config import EngineConfig, ModelSpec
 from tts_runtime.runs.datasets import DatasetConfig, load_problems

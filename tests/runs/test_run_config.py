@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from tests.helpers import REPO_ROOT
 from tts_runtime.cli import app
 from tts_runtime.cli.options import PANELS, compose
 from tts_runtime.config import ConfigError
@@ -146,7 +147,7 @@ def test_tts_beam_runs_a_config_file_and_its_run_folder_reruns_from_config_json(
     assert changed.stderr.strip().splitlines()[-1].startswith(f"error: cannot resume {first}: its search differ")
 
 
-RECIPES = sorted(Path(__file__).resolve().parents[1].glob("recipes/*/*.yaml"))
+RECIPES = sorted(REPO_ROOT.glob("recipes/*/*.yaml"))
 COMMANDS = {"beam_search": "beam", "best_of_n": "bon", "dvts": "dvts"}
 
 

@@ -13,7 +13,7 @@ from tts_runtime.config import ConfigError
 from tts_runtime.executor.layer_ops import PrepackedLinear, layer_ops, onednn_linear, packed_weight_bytes
 from tts_runtime.cohost.runtime import profile_one
 
-from tests.test_engine_parity import _prompts
+from tests.helpers import question_prompts
 
 
 def test_auto_puts_the_cpu_projections_on_onednn(generator_model):
@@ -51,10 +51,10 @@ def test_prepacked_weights_match_plain_ones_and_only_the_models_own_are_packed(g
     for _ in range(2):  # the first call packs, the second reuses the packed copy
         got = packed(x, proj.weight, proj.bias)
         assert (got - want).abs().max().item() <= 1e-4 * want.abs().max().item()
-    assert len(packed._packed) == 1
+    assert len(packed.packed_weight_ids) == 1
     rows = model.output_weight[torch.tensor([5, 9, 11])]  # a PRM's candidate columns: a new tensor per call
     assert torch.allclose(packed(x, rows, None), F.linear(x, rows), rtol=1e-4, atol=1e-5)
-    assert len(packed._packed) == 1
+    assert len(packed.packed_weight_ids) == 1
 
 
 def test_packed_copies_are_counted_in_the_memory_profile(generator_model):
@@ -71,7 +71,7 @@ def test_packed_copies_are_counted_in_the_memory_profile(generator_model):
 
 
 def test_greedy_tokens_and_scores_equal_the_torch_path(generator_model, prm_model):
-    prompts = _prompts(generator_model)
+    prompts = question_prompts(generator_model)
     greedy = SamplingParams(temperature=0, max_tokens=48)
     tokens = {}
     for backend in ("torch", "onednn", "prepacked"):

@@ -53,12 +53,15 @@ def test_freed_blocks_stay_cached_and_revive_then_lru_evicts_oldest():
 
 def test_hash_collision_is_rejected_by_token_check():
     bm = BlockManager(num_blocks=4, block_size=4)
-    ids = _fill(bm, [1, 2, 3, 4])
-    forged = chain_hash(ROOT_HASH, (1, 2, 3, 4))
-    # Simulate a colliding lookup: same hash slot, different stored tokens.
-    bm._blocks[ids[0]].tokens = (4, 3, 2, 1)
-    assert bm.acquire_cached_prefix([1, 2, 3, 4, 0], max_blocks=1)[0] == []
-    assert bm._by_hash[forged] == ids[0]
+    ids = _fill(bm, [1, 2, 3, -1])
+    bm.free(ids)
+    # A real collision: CPython hashes -1 and -2 alike, so these blocks share a chained hash.
+    stored, other = (1, 2, 3, -1), (1, 2, 3, -2)
+    assert chain_hash(ROOT_HASH, stored) == chain_hash(ROOT_HASH, other)
+    assert bm.acquire_cached_prefix([*other, 0], max_blocks=1)[0] == []
+    # The stored block keeps its hash and still serves its own tokens.
+    assert bm.block_hash(ids[0]) == chain_hash(ROOT_HASH, stored)
+    assert bm.acquire_cached_prefix([*stored, 0], max_blocks=1)[0] == ids
 
 
 def test_events_flow_to_listeners():

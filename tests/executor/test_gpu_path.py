@@ -13,7 +13,6 @@ from dataclasses import replace
 
 import os
 import warnings
-from pathlib import Path
 
 import pytest
 import torch
@@ -37,8 +36,9 @@ from tts_runtime.models.arch import arch_from_hf  # noqa: E402
 from tts_runtime.models.decoder import DecoderModel  # noqa: E402
 from tts_runtime.models.layers import EAGER_OPS  # noqa: E402
 
+from tests.helpers import GENERATOR, PRM, REPO_ROOT, shared_data_dir  # noqa: E402
+
 HAS_CUDA = torch.cuda.is_available()
-GENERATOR, PRM = "smollm2-135m-instruct", "gemma3-270m"  # the demo models (tests/conftest.py)
 needs_cuda = pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA device")
 DEVICES = ["cpu", pytest.param("cuda", marks=[pytest.mark.gpu, needs_cuda])]
 
@@ -202,16 +202,16 @@ POINTERS = {"x", "weight", "out", "gate_up", "q", "k", "cos", "sin"}
 for ty in ("bf16", "fp32"):
     for dim, gemma in ((2048, False), (4096, False), (576, False), (640, True), (256, True), (64, False)):
         block = triton.next_power_of_2(dim)
-        build(f._rms_norm_kernel, ty, dict(DIM=dim, GEMMA=gemma, BLOCK=block), f._warps(block))
+        build(f.rms_norm_kernel, ty, dict(DIM=dim, GEMMA=gemma, BLOCK=block), f.warps_for(block))
     for inter, act in ((8192, 0), (14336, 0), (1536, 0), (2048, 1)):
-        build(f._act_and_mul_kernel, ty, dict(INTERMEDIATE=inter, ACTIVATION=act,
-                                              BLOCK=min(1024, triton.next_power_of_2(inter))))
+        build(f.act_and_mul_kernel, ty, dict(INTERMEDIATE=inter, ACTIVATION=act,
+                                             BLOCK=min(1024, triton.next_power_of_2(inter))))
     for heads, kv_heads, head_dim in ((32, 8, 64), (32, 8, 128), (9, 3, 64), (4, 1, 256)):
         half = head_dim // 2
-        build(f._rotary_kernel, ty, dict(NUM_Q_HEADS=heads, NUM_K_HEADS=kv_heads, HALF=half,
-                                         BLOCK_HQ=triton.next_power_of_2(heads),
-                                         BLOCK_HK=triton.next_power_of_2(kv_heads),
-                                         BLOCK_HALF=triton.next_power_of_2(half)))
+        build(f.rotary_kernel, ty, dict(NUM_Q_HEADS=heads, NUM_K_HEADS=kv_heads, HALF=half,
+                                        BLOCK_HQ=triton.next_power_of_2(heads),
+                                        BLOCK_HK=triton.next_power_of_2(kv_heads),
+                                        BLOCK_HALF=triton.next_power_of_2(half)))
 print("compiled")
 """
 
@@ -221,7 +221,7 @@ def test_fused_kernels_compile_for_sm90():
     import subprocess
     import sys
 
-    repo = Path(__file__).resolve().parents[1]
+    repo = REPO_ROOT
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(repo), env.get("PYTHONPATH")]))
     proc = subprocess.run([sys.executable, "-c", _COMPILE_SCRIPT], env=env, cwd=repo,
@@ -491,24 +491,24 @@ def test_bench_gpu_workload_helpers_on_cpu(generator_model):
     """The benchmark's per-variant calls, on CPU at toy sizes (the GPU run uses them as is)."""
     from transformers import AutoModelForCausalLM, LlamaConfig
 
-    from evals.bench_gpu import _hf_generate, _hf_score, _random_prompts, _tts_generate, _tts_score
+    from evals.bench_gpu import hf_generate, hf_score, random_prompts, tts_generate, tts_score
     from tts_runtime.engine.request import ScoreParams
 
     hf = AutoModelForCausalLM.from_config(LlamaConfig(**{**_tiny_llama(), "vocab_size": 49152})).eval()
-    prompts = [[p % 49152 for p in prompt] for prompt in _random_prompts(2, 6, seed=0)]  # SmolLM2's vocab
-    assert _hf_generate(hf, prompts, 3) == {"tokens": 6}
-    assert _hf_score(hf, prompts, 1, last_only=True) == {"tokens": 12}
-    assert _hf_score(hf, prompts, 2, last_only=False) == {"tokens": 12}
+    prompts = [[p % 49152 for p in prompt] for prompt in random_prompts(2, 6, seed=0)]  # SmolLM2's vocab
+    assert hf_generate(hf, prompts, 3) == {"tokens": 6}
+    assert hf_score(hf, prompts, 1, last_only=True) == {"tokens": 12}
+    assert hf_score(hf, prompts, 2, last_only=False) == {"tokens": 12}
     engine = Engine(generator_model.name, EngineConfig(cache=CacheConfig(num_blocks=8)), loaded=generator_model)
-    assert _tts_generate(engine, prompts, 3) == {"tokens": 6}
-    assert _tts_score(engine, prompts, ScoreParams([5], [10, 20]), fused=False) == {"tokens": 12}
+    assert tts_generate(engine, prompts, 3) == {"tokens": 6}
+    assert tts_score(engine, prompts, ScoreParams([5], [10, 20]), fused=False) == {"tokens": 12}
     assert engine.executor.ops is EAGER_OPS
 
 
 def test_bench_gpu_rooflines():
-    from evals.bench_gpu import _arch, decode_roofline_seconds, prefill_flops_per_token
+    from evals.bench_gpu import decode_roofline_seconds, prefill_flops_per_token, shape_arch
 
-    arch = _arch("llama-3.2-1b")
+    arch = shape_arch("llama-3.2-1b")
     layer_params = 16 * (2048 * 64 * (2 * 32 + 2 * 8) + 3 * 2048 * 8192)
     weights = 2 * (layer_params + 128256 * 2048)
     kv_token = 32 * 1024  # DESIGN §11: 32 KiB per token in bf16
@@ -673,8 +673,7 @@ def test_beam_search_end_to_end_on_gpu(monkeypatch):
     from search import SearchConfig, run_search
     from tts_runtime.cohost.runtime import Runtime
 
-    # The Makefile exports TTS_DATA_DIR; a bare pytest run falls back to the shared checkout.
-    data = os.environ.get("TTS_DATA_DIR") or Path(__file__).resolve().parents[2] / "shared" / "data"
+    data = shared_data_dir()
     problems = load_problems(DatasetConfig(dataset_path=str(data), limit=10))
     runtime = Runtime(GENERATOR, PRM, engine_config=EngineConfig(device="cuda"))
     calls = _count_graph_runs(runtime.generator, monkeypatch)

@@ -13,12 +13,13 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.helpers import REPO_ROOT
 from search.config import SearchConfig
 from tts_runtime.config import ConfigError
 from tts_runtime.runs.datasets import DatasetConfig
 from tts_runtime.runs.sal_recipe import IGNORED, SAL_KEYS, recipe_kind, translate_recipe
 
-RECIPES = Path(__file__).resolve().parents[1] / "recipes"
+RECIPES = REPO_ROOT / "recipes"
 # Our option names a recipe may use: the run configuration's fields, the model and run-folder
 # options, and the search-semantics options added beside this work.
 OPTION_NAMES = ({f.name for f in fields(SearchConfig)} | {f.name for f in fields(DatasetConfig)}

@@ -29,6 +29,8 @@ from tts_runtime.executor.pipeline.stage_split import balanced_split, stage_laye
 from tts_runtime.models.decoder import ModelPart
 from tts_runtime.models.loader import load_model
 
+from tests.helpers import REPO_ROOT
+
 PREFIX = ("Solve the following math problem efficiently and clearly. Think step by step and put "
           "the final answer in a box. ")
 QUESTIONS = ["What is 12 times 7?", "How many primes are below 20?", "Simplify 3/9.", "What is 2^10?"]
@@ -452,7 +454,7 @@ def test_stages_exit_when_the_driver_dies(tmp_path):
             os.kill(os.getpid(), signal.SIGKILL)
     """))
     done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=600,
-                          cwd=Path(__file__).resolve().parents[1])
+                          cwd=REPO_ROOT)
     assert done.returncode == -signal.SIGKILL, done.stderr
     pids = [int(p) for p in done.stdout.split()]
     assert len(pids) == 2

@@ -1,0 +1,40 @@
+"""What several test files share that is not a fixture: where the repository and the data are,
+the demo model names and a fixed set of chat prompts. Fixtures live in conftest.py."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+GENERATOR = "smollm2-135m-instruct"
+PRM = "gemma3-270m"
+
+# Short math (and two non-math) questions, for parity and backend checks on real prompts.
+QUESTIONS = [
+    "Natalia sold clips to 48 of her friends in April, and then she sold half as many clips in May. "
+    "How many clips did Natalia sell altogether in April and May?",
+    "What is the value of $\\sqrt{36 \\times \\sqrt{16}}$?",
+    "A rectangle has a perimeter of 30 units and its length is twice its width. What is its area?",
+    "Solve for x: 3x - 7 = 11.",
+    "Write a short poem about prime numbers.",
+    "If f(x) = 2x^2 + 3, what is f(4)?",
+    "Explain in one paragraph why the sum of two even numbers is even.",
+    "Tom has 3 times as many marbles as Jerry. Together they have 64 marbles. How many does Tom have?",
+]
+
+
+def shared_data_dir() -> Path:
+    """The data folder (MATH-500 and the rest): $TTS_DATA_DIR, which the Makefile and CI
+    export; a bare pytest run falls back to the shared checkout beside the repository."""
+    env = os.environ.get("TTS_DATA_DIR")
+    return Path(env) if env else REPO_ROOT.parent / "shared" / "data"
+
+
+def question_prompts(loaded) -> list[list[int]]:
+    """QUESTIONS as token ids for a loaded model: its chat template where it has one."""
+    tok = loaded.tokenizer
+    if tok.chat_template:
+        return [tok.apply_chat_template([{"role": "user", "content": q}], tokenize=True,
+                                        add_generation_prompt=True, return_dict=False) for q in QUESTIONS]
+    return [tok(f"Question: {q}\nAnswer:")["input_ids"] for q in QUESTIONS]
