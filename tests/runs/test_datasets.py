@@ -1,4 +1,5 @@
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -6,7 +7,7 @@ import pytest
 from tts_runtime.config import ConfigError
 from tts_runtime.runs.datasets import DatasetConfig, DatasetError, Problem, load_problems
 
-from tests.helpers import shared_data_dir
+from tests.helpers import REPO_ROOT, shared_data_dir
 
 
 DATA_DIR = shared_data_dir()
@@ -224,7 +225,7 @@ def _load_offline(tmp_path: Path, calls: list[dict]) -> list:
         "        out.append(str(exc))\n"
         "print(json.dumps(out))\n")
     env = {**os.environ, "HF_HUB_CACHE": str(tmp_path / "hub"), "HF_HUB_OFFLINE": "1",
-           "HF_DATASETS_CACHE": str(tmp_path / "datasets-cache"), "PYTHONPATH": str(Path(__file__).parents[1])}
+           "HF_DATASETS_CACHE": str(tmp_path / "datasets-cache"), "PYTHONPATH": str(REPO_ROOT)}
     done = subprocess.run([sys.executable, "-c", code, json.dumps(calls)], capture_output=True, text=True,
                           timeout=600, env=env)
     assert done.returncode == 0, done.stderr[-3000:]

@@ -8,7 +8,6 @@ Qwen PRM)."""
 from __future__ import annotations
 
 from dataclasses import fields
-from pathlib import Path
 
 import pytest
 import yaml
