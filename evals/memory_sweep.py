@@ -62,6 +62,7 @@ from tts_runtime.executor.device_memory import return_freed_host_memory
 from tts_runtime.models.loader import LoadedModel, load_model
 from tts_runtime.runs.datasets import Problem, load_problems
 from tts_runtime.runs.environment import machine_info
+from tts_runtime.options import option
 from tts_runtime.runs.run_config import RunConfig
 from tts_runtime.runs.scale_config import ScaleOut
 
@@ -550,11 +551,14 @@ def _command_line() -> str:
 class SweepPlan:
     """What the sweep varies and repeats, beside the run configuration it varies it on."""
 
-    splits: str = "0.1:0.9:0.1"  # static PRM fractions: start:stop:step or a comma list
-    policies: str | None = None  # None: static, auto, elastic (static, auto on vLLM)
-    repeats: int = 1
-    markdown: Path | None = None  # also write a benchmark report here
-    workload: str = "steady"  # or "shifting" (evals/shifting_workload.py)
+    splits: str = option("0.1:0.9:0.1", "Static PRM fractions: start:stop:step or a comma list.")
+    policies: str | None = option(None, "Comma list of static, auto, elastic (default all three; static,auto "
+                                  "with --backend vllm).")
+    repeats: int = option(1, "Round-robin repeats; numbers are medians (a setting that cannot run is run once).")
+    markdown: Path | None = option(None, "Also write a benchmark report here.")
+    workload: str = option("steady", "steady (the search on every problem) or shifting (half the problems "
+                           "generator-heavy best-of-N, then half PRM-heavy beam search; "
+                           "evals/shifting_workload.py).")
 
 
 def sweep_memory(run: RunConfig, plan: SweepPlan, echo: Callable[[str], None] = print) -> None:

@@ -2,21 +2,16 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-from typing import Annotated, Optional
-
 import typer
 
 from evals.memory_sweep import SweepPlan, sweep_memory
 from tts_runtime.cli.options import config_command
 from tts_runtime.runs.run_config import RunConfig
 
-SWEEP = SweepPlan()
-
 
 def register(app: typer.Typer) -> None:
     config_command(app, "sweep-memory", fixed={"eos_sampling": False},  # a step every iteration, the last too
-                   defaults={"limit": 4, "max_step_tokens": 256, "problem_batch": 1},
+                   defaults={"limit": 4, "max_step_tokens": 256, "problem_batch": 1}, plan=SweepPlan,
                    only=("method", "n", "beam_width", "num_iterations", "max_step_tokens", "temperature",
                          "problem_batch", "prm_format", "seed", "dataset", "dataset_path", "limit", "generator",
                          "prm", "dtype", "device", "device_memory", "memory_utilization", "max_num_batched_tokens",
@@ -24,19 +19,7 @@ def register(app: typer.Typer) -> None:
                          "backend"))(sweep_memory_command)
 
 
-def sweep_memory_command(
-    run: RunConfig,
-    splits: Annotated[str, typer.Option(help="Static PRM fractions: start:stop:step or a comma list.")]
-    = SWEEP.splits,
-    policies: Annotated[Optional[str], typer.Option(help="Comma list of static, auto, elastic (default all three; "
-                                                    "static,auto with --backend vllm).")] = SWEEP.policies,
-    repeats: Annotated[int, typer.Option(help="Round-robin repeats; numbers are medians (a setting that cannot "
-                                              "run is run once).")] = SWEEP.repeats,
-    markdown: Annotated[Optional[Path], typer.Option(help="Also write a benchmark report here.")] = SWEEP.markdown,
-    workload: Annotated[str, typer.Option(help="steady (the search on every problem) or shifting (half the "
-                                               "problems generator-heavy best-of-N, then half PRM-heavy beam "
-                                               "search; evals/shifting_workload.py).")] = SWEEP.workload,
-) -> None:
+def sweep_memory_command(run: RunConfig, plan: SweepPlan) -> None:
     """Run one search workload at many memory splits and policies; write sweep.csv/json and plots
     (--out is the sweep folder, default runs/sweep-<time>; --device-memory must be tight on CPU)."""
-    sweep_memory(run, SweepPlan(splits, policies, repeats, markdown, workload), echo=typer.echo)
+    sweep_memory(run, plan, echo=typer.echo)
