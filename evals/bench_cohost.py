@@ -37,6 +37,7 @@ from tts_runtime.engine.forward_costs import widest_forward_seconds
 from tts_runtime.models.loader import LoadedModel
 from tts_runtime.runs.metrics import EngineCounters, speculation
 from tts_runtime.models.registry import DEFAULT_GENERATOR, DEFAULT_PRM
+from tts_runtime.options import comma_list, option
 
 BASELINE = "alternate"
 
@@ -67,7 +68,7 @@ VARIANTS: dict[str, Variant] = {
 class CohostBench:
     config: SearchConfig
     limit: int = 20
-    rounds: int = 2
+    rounds: int = option(2, "Alternating rounds of every variant; medians.")
     generator: str = DEFAULT_GENERATOR
     prm: str = DEFAULT_PRM
     dataset_path: str | None = None
@@ -76,7 +77,8 @@ class CohostBench:
     dtype: str = "auto"  # both models, every variant (tts_runtime.config.resolve_dtype)
     linear_backend: str = "auto"  # EngineConfig.linear_backend, every variant
     thresholds: CohostConfig = field(default_factory=CohostConfig)  # the batched variants' buffers
-    variants: tuple[str, ...] = tuple(VARIANTS)
+    variants: tuple[str, ...] = option(tuple(VARIANTS), "Comma-separated, alternate (the baseline) first: "
+                                       f"{', '.join(VARIANTS)}.", parse=comma_list(str, "variants"))
 
 
 def _measure(bench: CohostBench, models: tuple[LoadedModel, LoadedModel], problems: Sequence[Problem],

@@ -41,6 +41,7 @@ from tts_runtime.models.arch import ArchConfig
 from tts_runtime.models.layers import EAGER_OPS
 from tts_runtime.models.loader import LoadedModel, load_model
 from tts_runtime.models.registry import BUILTIN_CONFIGS
+from tts_runtime.options import option
 
 GiB = 1 << 30
 # Random prompt ids stay below Llama 3's special tokens (128000+).
@@ -58,9 +59,9 @@ class GpuBenchConfig:
     prefill_requests: int = 256
     # Engine token budget per step, and tokens per HF forward (16 prompts of 512).
     prefill_batch_tokens: int = 8192
-    repeats: int = 3
+    repeats: int = option(3, "Alternating repetitions; medians reported.")
     seed: int = 0
-    search_limit: int = 50  # MATH-500 problems for (c); 0 skips it
+    search_limit: int = option(50, "MATH-500 problems for the search part (0 skips it).")
     workloads: tuple[str, ...] = ("decode", "prefill", "search")
     report_name: str = "gpu"
 

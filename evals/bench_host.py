@@ -37,6 +37,7 @@ from tts_runtime.executor.sim import shared_device
 from tts_runtime.models.loader import LoadedModel, load_model
 from tts_runtime.runs.datasets import DatasetConfig, load_problems
 from tts_runtime.models.registry import DEFAULT_GENERATOR, DEFAULT_PRM
+from tts_runtime.options import comma_list, option
 
 # The H100 run's plan (docs/benchmarks/cohost_gpu.md): its measured budget, static split.
 H100_BUDGET = 85_520_809_984
@@ -44,8 +45,10 @@ H100_BUDGET = 85_520_809_984
 
 @dataclass
 class HostBench:
-    limits: Sequence[int] = (20, 100)
-    problem_batches: Sequence[int] = (16, 64)
+    limits: tuple[int, ...] = option((20, 100), "Comma-separated MATH-500 problem counts.",
+                                     parse=comma_list(int, "limits"))
+    problem_batches: tuple[int, ...] = option((16, 64), "Comma-separated problem batches.",
+                                              parse=comma_list(int, "problem-batches"))
     device: str = "sim"
     generator: str = DEFAULT_GENERATOR
     prm: str = DEFAULT_PRM

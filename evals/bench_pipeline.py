@@ -42,6 +42,7 @@ from tts_runtime.models.loader import LoadedModel, load_model
 from tts_runtime.runs.datasets import DatasetConfig, load_problems
 from tts_runtime.runs.environment import machine_info
 from tts_runtime.models.registry import DEFAULT_GENERATOR, DEFAULT_PRM
+from tts_runtime.options import comma_list, option
 
 WORKLOADS = ("generate", "score", "search")
 
@@ -88,21 +89,22 @@ SWITCH_VARIANTS = tuple(v.label for v in VARIANTS[4:])
 class PipelineBenchConfig:
     generator: str = DEFAULT_GENERATOR
     prm: str = DEFAULT_PRM
-    num_prompts: int = 32
-    new_tokens: int = 64
-    beams: int = 16
-    steps: int = 8
-    search_problems: int = 2
+    num_prompts: int = option(32, "Generate workload: prompts.")
+    new_tokens: int = option(64, "Generate workload: new tokens per prompt.")
+    beams: int = option(16, "Score workload: beams.")
+    steps: int = option(8, "Score workload: steps per beam.")
+    search_problems: int = option(2, "Search workload: MATH-500 problems.")
     search: SearchConfig = field(default_factory=lambda: SearchConfig(
         method="beam", n=4, beam_width=2, num_iterations=3, max_step_tokens=48, max_tokens=64, problem_batch=2))
     search_memory: str | int = 5 << 29  # 2.5 GiB per runtime (the shared box's memory)
-    rounds: int = 3
-    workloads: tuple[str, ...] = WORKLOADS
+    rounds: int = option(3, "Alternating rounds of every variant; medians.")
+    workloads: tuple[str, ...] = option(WORKLOADS, f"Comma-separated: {', '.join(WORKLOADS)}.",
+                                        parse=comma_list(str, "workloads"))
     # The SiPipe switch-off variants run on the generate workload only (memory: each is
     # one more pair of stage processes).
-    switches: bool = True
+    switches: bool = option(True, "Also PP2 throttle with each SiPipe switch off (generate).")
     attention_backend: str = "auto"  # every variant alike; "torch" skips building the C++ kernel
-    out_dir: Path = Path("docs/benchmarks")
+    out_dir: Path = option(Path("docs/benchmarks"), "Where pipeline.json/md and pipeline_trace.json go.")
 
     def __post_init__(self) -> None:
         unknown = set(self.workloads) - set(WORKLOADS)

@@ -12,15 +12,17 @@ import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from evals.bench import SideBySide, write_report
 from search.config import SearchConfig
 from tts_runtime.runs.datasets import DatasetConfig, load_problems
-from tts_runtime.runs.ray_pool import ray_cluster
 from tts_runtime.runs.run_folder import RunFolder
 from tts_runtime.runs.scale_config import ScaleOut
-from tts_runtime.runs.scaleout import ReplicaSpec, run_scaled
+from tts_runtime.options import option
+
+if TYPE_CHECKING:  # the module itself imports Ray only when it runs: the CLI reads its options
+    from tts_runtime.runs.scaleout import ReplicaSpec
 
 VARIANTS: dict[str, tuple[int, int]] = {  # label: (replicas, threads per replica)
     "1 replica x 1 thread": (1, 1),
@@ -55,11 +57,13 @@ class ScaleoutBench:
     spec: ReplicaSpec
     config: SearchConfig
     limit: int = 8
-    rounds: int = 2
+    rounds: int = option(2, "Alternating rounds of the three variants; medians.")
     dataset_path: str | None = None
 
 
 def _measure(bench: ScaleoutBench, problems: Sequence, replicas: int, threads: int) -> dict[str, Any]:
+    from tts_runtime.runs.scaleout import run_scaled
+
     with tempfile.TemporaryDirectory() as tmp:
         outcome = run_scaled(bench.spec, problems, bench.config, RunFolder.open(Path(tmp) / "run", resume=False),
                              ScaleOut(replicas=replicas, threads_per_replica=threads))
@@ -84,6 +88,8 @@ def bench_scaleout(bench: ScaleoutBench, *, command: Sequence[str], log: Callabl
         return run
 
     # One local cluster with 2 CPUs serves every variant: 2 x 1 and 1 x 2 threads both fill it.
+    from tts_runtime.runs.ray_pool import ray_cluster
+
     with ray_cluster(ScaleOut(replicas=2)):
         side.run({label: variant(label, *shape) for label, shape in VARIANTS.items()}, bench.rounds)
     base = next(iter(VARIANTS))

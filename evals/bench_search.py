@@ -32,6 +32,7 @@ from tts_runtime.runs.datasets import DatasetConfig, load_problems
 from tts_runtime.runs.environment import environment
 from tts_runtime.runs.metrics import EngineCounters, RunCounters, accuracy, throughput
 from tts_runtime.models.registry import DEFAULT_GENERATOR, DEFAULT_PRM
+from tts_runtime.options import option
 
 _ZERO = RunCounters(EngineCounters(), EngineCounters(), 0, 0)
 _BATCH_ONE = "tts-batch-1"
@@ -56,15 +57,17 @@ class SearchBench:
     dtype: str = "auto"  # every side's weights and activations (tts_runtime.config.resolve_dtype)
     dataset_path: str | None = None
     memory: MemoryConfig = field(default_factory=MemoryConfig)
-    rounds: int = 1
-    baseline: bool = True
-    out_dir: Path = Path("docs/benchmarks")
+    rounds: int = option(2, "Rounds, each running every side in turn (tts, tts batch 1, baseline, tts, ...); "
+                         "medians reported.")
+    baseline: bool = option(True, "Also run the plain HF baseline.")
+    out_dir: Path = option(Path("docs/benchmarks"), "Where search.json and search.md go.")
     vllm: bool = False  # add tts on vLLM and search-and-learn's vLLM + HF configuration (evals/bench_vllm.py)
-    batch_one: bool = True  # tts at problem batch 1 beside it (the engine's share of the speed-up)
+    batch_one: bool = option(True, "Also tts at problem batch 1 (the engine's share of the speed-up).")
     # tts on torch's kernels beside it: the attention backend that copies every context out
     # of the paged cache and F.linear for the projections, as before the in-place kernel and
     # the oneDNN projections (issue 15's "before").
-    torch_kernels: bool = False
+    torch_kernels: bool = option(False, "Also tts on torch's kernels: the attention backend that copies each "
+                                 "context out of the cache, F.linear and eager elementwise ops.")
     parallel: ParallelConfig = field(default_factory=ParallelConfig)  # tts's pipeline stages (--pp)
 
 

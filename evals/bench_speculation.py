@@ -29,6 +29,7 @@ from tts_runtime.cohost.runtime import Runtime
 from tts_runtime.config import EngineConfig
 from tts_runtime.models.loader import LoadedModel
 from tts_runtime.models.registry import DEFAULT_GENERATOR, DEFAULT_PRM
+from tts_runtime.options import option
 
 OFF, ON = "off", "on"
 
@@ -37,7 +38,7 @@ OFF, ON = "off", "on"
 class SpeculationBench:
     config: SearchConfig  # speculative_extension is set per variant; speculative_max_tokens is kept
     limit: int = 20
-    rounds: int = 2
+    rounds: int = option(2, "Alternating rounds (off, on); medians.")
     generator: str = DEFAULT_GENERATOR
     prm: str = DEFAULT_PRM
     dataset_path: str | None = None

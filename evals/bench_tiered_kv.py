@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +31,7 @@ from tts_runtime.cohost.runtime import GENERATOR, PRM, Runtime
 from tts_runtime.config import CacheConfig, EngineConfig, SchedulerConfig
 from tts_runtime.models.loader import LoadedModel
 from tts_runtime.models.registry import DEFAULT_GENERATOR, DEFAULT_PRM
+from tts_runtime.options import comma_list, option
 
 BASELINE = "tier off"
 VARIANTS: dict[str, tuple[bool, bool]] = {  # label: (host tier, prefix-aware order)
@@ -47,13 +48,15 @@ class TieredKVBench:
     memory: MemoryConfig  # the squeeze: a small device budget and a starving split
     host_kv_bytes: int
     limit: int = 4
-    rounds: int = 3
+    rounds: int = option(3, "Alternating rounds of the variants; medians.")
     prefetch: bool = True
     generator: str = DEFAULT_GENERATOR
     prm: str = DEFAULT_PRM
     dataset_path: str | None = None
     device: str = "auto"
-    variants: tuple[str, ...] = field(default_factory=lambda: tuple(VARIANTS))
+    variants: tuple[str, ...] = option(default_factory=lambda: tuple(VARIANTS),
+                                       help="Comma list of: tier off (always run: the baseline), tier on, prefix "
+                                       "order, tier on + prefix order.", parse=comma_list(str, "variants"))
 
 
 def _engine_config(bench: TieredKVBench, label: str) -> EngineConfig:

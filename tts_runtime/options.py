@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
+import sys
 import typing
 from collections.abc import Callable
 from dataclasses import MISSING, dataclass, field
@@ -87,13 +88,17 @@ class OptionField:
     default: Any  # the class's default
 
 
-def option_fields(cls: type, prefix: tuple[str, ...] = ()) -> dict[str, OptionField]:
-    """Every option field of `cls` and of the config dataclasses nested in it, by flag."""
-    hints = typing.get_type_hints(cls)
+def option_fields(cls: type, prefix: tuple[str, ...] = (), *, nested: bool = True) -> dict[str, OptionField]:
+    """Every option field of `cls` and (`nested`) of the config dataclasses nested in it, by flag."""
+    namespace = vars(sys.modules[cls.__module__])
     found: dict[str, OptionField] = {}
     for item in dataclasses.fields(cls):
         spec = item.metadata.get(OPTION_KEY)
-        kind = hints[item.name]
+        if spec is None and not nested:
+            continue
+        # Only these annotations are evaluated: a field's type may name a class its module
+        # imports for type checking only (one that would pull in Ray, say).
+        kind = eval(item.type, namespace) if isinstance(item.type, str) else item.type  # noqa: S307
         if spec is not None:
             flag = spec.flag or item.name
             default = item.default if item.default is not MISSING else item.default_factory()
@@ -127,7 +132,7 @@ def with_options(config: Any, values: dict[str, Any]) -> Any:
     if unknown:
         raise ConfigError(f"unknown option{'s' if len(unknown) > 1 else ''} {', '.join(unknown)}; "
                           "see --help for the option names")
-    by_path: dict[tuple[str, ...], Any] = {known[flag].path: _coerce(known[flag], value)
+    by_path: dict[tuple[str, ...], Any] = {known[flag].path: coerce(known[flag], value)
                                            for flag, value in values.items()}
     return _replace(config, (), by_path)
 
@@ -143,7 +148,8 @@ def _replace(config: Any, prefix: tuple[str, ...], by_path: dict[tuple[str, ...]
     return dataclasses.replace(config, **changes) if changes else config
 
 
-def _coerce(spec: OptionField, value: Any) -> Any:
+def coerce(spec: OptionField, value: Any) -> Any:
+    """Option text or a config file's value -> the field's value (parsed, or checked against its type)."""
     if spec.spec.parse is not None:
         return spec.spec.parse(value)
     kinds = [kind for kind in typing.get_args(spec.type) if kind is not type(None)] or [spec.type]

@@ -7,13 +7,19 @@ from __future__ import annotations
 
 import shlex
 import sys
-from pathlib import Path
 from typing import Annotated
 
 import typer
 
+from evals.bench_cohost import CohostBench
+from evals.bench_gpu import GpuBenchConfig
+from evals.bench_host import HostBench
+from evals.bench_pipeline import PipelineBenchConfig
+from evals.bench_scaleout import ScaleoutBench
 from evals.bench_search import SearchBench, bench_search
-from tts_runtime.cli.common import command, console, parse_names
+from evals.bench_speculation import SpeculationBench
+from evals.bench_tiered_kv import TieredKVBench
+from tts_runtime.cli.common import check_names, console
 from tts_runtime.cli.options import config_command
 from tts_runtime.config import ConfigError
 from tts_runtime.runs.run_config import RunConfig
@@ -28,26 +34,14 @@ SHORT_SEARCH = {"num_iterations": 5, "max_step_tokens": 96, "max_tokens": 256, "
 
 @config_command(bench_app, "search", fixed={"method": "beam"}, defaults={"limit": 20},
                 only=(*SEARCH_SHAPE, "seed", "generator", "prm", "prm_format", "dataset_path", "limit",
-                      "device_memory", "backend", "pp", "pp_layers", "dtype"))
-def bench_search_command(
-    run: RunConfig,
-    rounds: Annotated[int, typer.Option(help="Rounds, each running every side in turn (tts, tts batch 1, "
-                                              "baseline, tts, ...); medians reported.")] = 2,
-    baseline: Annotated[bool, typer.Option(help="Also run the plain HF baseline.")] = True,
-    out_dir: Annotated[Path, typer.Option(help="Where search.json and search.md go.")] = Path("docs/benchmarks"),
-    batch_one: Annotated[bool, typer.Option(help="Also tts at problem batch 1.")] = True,
-    torch_kernels: Annotated[bool, typer.Option(help="Also tts on torch's kernels: the attention backend "
-                                                     "that copies each context out of the cache, F.linear "
-                                                     "and eager elementwise ops (the before of the in-place "
-                                                     "kernel, oneDNN and the CPU layer ops).")] = False,
-) -> None:
+                      "device_memory", "backend", "pp", "pp_layers", "dtype"), plan=SearchBench)
+def bench_search_command(run: RunConfig, settings: dict) -> None:
     """Beam search, tts vs the plain HF baseline, side by side on the first N MATH-500 problems
     (writes search.json and search.md to --out-dir). --backend vllm adds tts on vLLM and
     search-and-learn's configuration (generator on vLLM, PRM on HF re-encoding)."""
     bench = SearchBench(config=run.search, limit=run.dataset.limit, generator=run.models.generator,
-                        prm=run.models.prm, dataset_path=run.dataset.dataset_path, memory=run.memory, rounds=rounds,
-                        baseline=baseline, out_dir=out_dir, vllm=run.backend == "vllm", batch_one=batch_one,
-                        torch_kernels=torch_kernels, parallel=run.engine.parallel, dtype=run.models.dtype)
+                        prm=run.models.prm, dataset_path=run.dataset.dataset_path, memory=run.memory,
+                        vllm=run.backend == "vllm", parallel=run.engine.parallel, dtype=run.models.dtype, **settings)
     report = bench_search(bench, command=["tts", *sys.argv[1:]], log=console.print)
     typer.echo(report.markdown)
 
@@ -55,18 +49,16 @@ def bench_search_command(
 @config_command(bench_app, "scaleout", fixed={"method": "beam", "device": "cpu"},
                 defaults={"limit": 8, "num_iterations": 5, "max_step_tokens": 64, "problem_batch": 8,
                           "device_memory": "2.5GiB"},
-                only=(*SEARCH_SHAPE, "limit", "dataset_path", "device_memory"))
-def bench_scaleout_command(
-    run: RunConfig,
-    rounds: Annotated[int, typer.Option(help="Alternating rounds of the three variants; medians.")] = 2,
-) -> None:
+                only=(*SEARCH_SHAPE, "limit", "dataset_path", "device_memory"), plan=ScaleoutBench)
+def bench_scaleout_command(run: RunConfig, settings: dict) -> None:
     """Problems/min on Ray: 1 and 2 replicas of 1 thread, 1 replica of 2 threads, CPU (writes
     scaleout.json/md). --device-memory is per replica."""
-    from evals.bench_scaleout import ScaleoutBench, bench_scaleout
+    from evals.bench_scaleout import bench_scaleout
     from tts_runtime.runs.scaleout import ReplicaSpec
 
     spec = ReplicaSpec(*run.models.specs(), run.memory, run.engine)
-    path = bench_scaleout(ScaleoutBench(spec, run.search, run.dataset.limit, rounds, run.dataset.dataset_path),
+    bench = ScaleoutBench(spec, run.search, run.dataset.limit, dataset_path=run.dataset.dataset_path, **settings)
+    path = bench_scaleout(bench,
                           command=["tts", *sys.argv[1:]], log=console.print)
     typer.echo(path.read_text())
 
@@ -75,25 +67,18 @@ def bench_scaleout_command(
                 defaults={"limit": 4, "num_iterations": 6, "max_step_tokens": 128, "problem_batch": 4,
                           "device_memory": "2.1GiB", "memory_split": 0.1, "host_kv_memory": "1GiB"},
                 only=(*SEARCH_SHAPE, "limit", "dataset_path", "device", "device_memory", "memory_split",
-                      "host_kv_memory", "host_kv_prefetch"))
-def bench_tiered_kv_command(
-    run: RunConfig,
-    rounds: Annotated[int, typer.Option(help="Alternating rounds of the variants; medians.")] = 3,
-    variants: Annotated[str, typer.Option(help="Comma list of: tier off (always run: the baseline), tier on, "
-                                               "prefix order, tier on + prefix order.")]
-    = "tier off,tier on,prefix order,tier on + prefix order",
-) -> None:
+                      "host_kv_memory", "host_kv_prefetch"), plan=TieredKVBench)
+def bench_tiered_kv_command(run: RunConfig, settings: dict) -> None:
     """Host KV tier off/on x prefix-aware ordering off/on on a memory-squeezed beam search (the
     memory sweep's workload: a step every iteration): problems/s, tokens recomputed and saved,
     bytes swapped, swap time, prefix hit rates (writes tiered_kv.json/md). --device-memory and
     --memory-split set the squeeze; --host-kv-memory the tier of the tier-on variants."""
-    from evals.bench_tiered_kv import BASELINE, VARIANTS, TieredKVBench, bench_tiered_kv
+    from evals.bench_tiered_kv import BASELINE, VARIANTS, bench_tiered_kv
 
-    chosen = parse_names(variants, "variants", tuple(VARIANTS))
+    chosen = check_names(settings.pop("variants"), "variants", tuple(VARIANTS))
     bench = TieredKVBench(run.search, run.memory, run.engine.cache.host_kv_bytes, limit=run.dataset.limit,
-                          rounds=rounds, prefetch=run.engine.cache.host_kv_prefetch,
-                          dataset_path=run.dataset.dataset_path, device=run.engine.device,
-                          variants=tuple(dict.fromkeys([BASELINE, *chosen])))
+                          prefetch=run.engine.cache.host_kv_prefetch, dataset_path=run.dataset.dataset_path,
+                          device=run.engine.device, variants=tuple(dict.fromkeys([BASELINE, *chosen])), **settings)
     path = bench_tiered_kv(bench, command=["tts", *sys.argv[1:]], log=console.print)
     typer.echo(path.read_text())
 
@@ -101,28 +86,21 @@ def bench_tiered_kv_command(
 @config_command(bench_app, "cohost", fixed={"method": "beam"},
                 defaults={"limit": 20, **SHORT_SEARCH, "device_memory": "3GiB"},
                 only=(*SEARCH_SHAPE, "seed", "limit", "dataset_path", "device", "dtype", "linear_backend",
-                      "device_memory", "prm_buffer_tokens", "generator_low_water", "generator_buffer_seqs"))
-def bench_cohost_command(
-    run: RunConfig,
-    rounds: Annotated[int, typer.Option(help="Alternating rounds of every variant; medians.")] = 2,
-    variants: Annotated[str, typer.Option(help="Comma-separated, alternate first: alternate, batched, "
-                                               "overlap, batched + overlap, speculation, prefix order, batched + prefix "
-                                               "order, all.")]
-    = "alternate,batched,overlap,batched + overlap,speculation,prefix order,batched + prefix order,all",
-) -> None:
+                      "device_memory", "prm_buffer_tokens", "generator_low_water", "generator_buffer_seqs"),
+                plan=CohostBench)
+def bench_cohost_command(run: RunConfig, settings: dict) -> None:
     """Phase policy (alternate vs batched), overlap, speculative extension and prefix-aware ordering,
     each off and on and all together, side by side on beam search: problems/min, goodput, batch
     sizes, phase transitions, busy fractions, prefix hit rates (writes cohost.json/md). The
     batched thresholds apply to the batched variants."""
-    from evals.bench_cohost import BASELINE, VARIANTS, CohostBench, bench_cohost
+    from evals.bench_cohost import BASELINE, VARIANTS, bench_cohost
 
-    chosen = parse_names(variants, "variants", tuple(VARIANTS))
+    chosen = check_names(settings["variants"], "variants", tuple(VARIANTS))
     if chosen[0] != BASELINE:
-        raise ConfigError(f"--variants starts with {BASELINE} (the baseline); got '{variants}'")
-    bench = CohostBench(config=run.search, limit=run.dataset.limit, rounds=rounds,
-                        dataset_path=run.dataset.dataset_path, memory=run.memory, device=run.engine.device,
-                        dtype=run.models.dtype, linear_backend=run.engine.linear_backend,
-                        thresholds=run.engine.cohost, variants=tuple(chosen))
+        raise ConfigError(f"--variants starts with {BASELINE} (the baseline); got '{','.join(chosen)}'")
+    bench = CohostBench(config=run.search, limit=run.dataset.limit, dataset_path=run.dataset.dataset_path,
+                        memory=run.memory, device=run.engine.device, dtype=run.models.dtype,
+                        linear_backend=run.engine.linear_backend, thresholds=run.engine.cohost, **settings)
     path = bench_cohost(bench, command=["tts", *sys.argv[1:]], log=console.print)
     typer.echo(path.read_text())
 
@@ -167,54 +145,33 @@ def bench_engine_command(
                                                   dtypes=parse_dtypes(dtypes)), command_line))
 
 
-@command(bench_app, "gpu")
-def bench_gpu_command(
-    search_limit: Annotated[int, typer.Option(help="MATH-500 problems for the search part (0 skips it).")] = 50,
-    repeats: Annotated[int, typer.Option(help="Alternating repetitions; medians reported.")] = 3,
-) -> None:
+@config_command(bench_app, "gpu", only=(), plan=GpuBenchConfig)
+def bench_gpu_command(run: RunConfig, settings: dict) -> None:
     """Seed-model shapes on dummy weights vs HF and the roofline; needs CUDA (writes gpu.json/md)."""
-    from evals.bench_gpu import GpuBenchConfig, run_gpu_bench
+    from evals.bench_gpu import run_gpu_bench
 
-    config = GpuBenchConfig(search_limit=search_limit, repeats=repeats)
+    config = GpuBenchConfig(**settings)
     typer.echo(run_gpu_bench(config, shlex.join(["tts", *sys.argv[1:]])))
 
 
-@config_command(bench_app, "host", defaults={"device": "sim"}, only=("device",))
-def bench_host_command(
-    run: RunConfig,
-    limits: Annotated[str, typer.Option(help="Comma-separated MATH-500 problem counts.")] = "20,100",
-    problem_batches: Annotated[str, typer.Option(help="Comma-separated problem batches.")] = "16,64",
-) -> None:
+@config_command(bench_app, "host", defaults={"device": "sim"}, only=("device",), plan=HostBench)
+def bench_host_command(run: RunConfig, settings: dict) -> None:
     """Host time of the main job on a simulated H100 (--device sim or sim:COSTS.json; writes
     host.json/md); evals/bench_host.py."""
-    from evals.bench_host import main as bench_host_main
+    from evals.bench_host import bench_host
 
-    bench_host_main(["--limits", *limits.split(","), "--problem-batches", *problem_batches.split(","),
-                     "--device", run.engine.device])
+    bench_host(HostBench(device=run.engine.device, **settings), shlex.join(["tts", *sys.argv[1:]]), log=console.print)
 
 
-@config_command(bench_app, "pipeline", only=("attention_backend",))
-def bench_pipeline_command(
-    run: RunConfig,
-    num_prompts: Annotated[int, typer.Option(help="Generate workload: prompts.")] = 32,
-    new_tokens: Annotated[int, typer.Option(help="Generate workload: new tokens per prompt.")] = 64,
-    beams: Annotated[int, typer.Option(help="Score workload: beams.")] = 16,
-    steps: Annotated[int, typer.Option(help="Score workload: steps per beam.")] = 8,
-    search_problems: Annotated[int, typer.Option(help="Search workload: MATH-500 problems.")] = 2,
-    rounds: Annotated[int, typer.Option(help="Alternating rounds of every variant; medians.")] = 3,
-    workloads: Annotated[str, typer.Option(help="Comma-separated: generate, score, search.")] = "generate,score,search",
-    switches: Annotated[bool, typer.Option(help="Also PP2 throttle with each SiPipe switch off (generate).")] = True,
-    out_dir: Annotated[Path, typer.Option(help="Where pipeline.json/md and pipeline_trace.json go.")]
-    = Path("docs/benchmarks"),
-) -> None:
+@config_command(bench_app, "pipeline", only=("attention_backend",), plan=PipelineBenchConfig)
+def bench_pipeline_command(run: RunConfig, settings: dict) -> None:
     """PP1 (1 and 2 threads) vs PP2 (sarathi, throttle, SiPipe switches off): tokens/s, stage busy/idle,
-    microbatches in flight (writes pipeline.json/md and a Chrome trace)."""
-    from evals.bench_pipeline import PipelineBenchConfig, bench_pipeline
+    microbatches in flight (writes pipeline.json/md and a Chrome trace); every variant on
+    --attention-backend."""
+    from evals.bench_pipeline import WORKLOADS, bench_pipeline
 
-    config = PipelineBenchConfig(num_prompts=num_prompts, new_tokens=new_tokens, beams=beams, steps=steps,
-                                 search_problems=search_problems, rounds=rounds,
-                                 workloads=tuple(parse_names(workloads, "workloads", ("generate", "score", "search"))),
-                                 switches=switches, attention_backend=run.engine.attention_backend, out_dir=out_dir)
+    check_names(settings["workloads"], "workloads", WORKLOADS)
+    config = PipelineBenchConfig(attention_backend=run.engine.attention_backend, **settings)
     report = bench_pipeline(config, command=shlex.join(["tts", *sys.argv[1:]]), log=console.print)
     typer.echo(report.markdown_path.read_text())
 
@@ -222,16 +179,13 @@ def bench_pipeline_command(
 @config_command(bench_app, "speculation", fixed={"method": "beam"},
                 defaults={"limit": 20, **SHORT_SEARCH, "device_memory": "3GiB"},
                 only=(*SEARCH_SHAPE, "temperature", "seed", "speculative_max_tokens", "limit", "dataset_path",
-                      "device", "device_memory"))
-def bench_speculation_command(
-    run: RunConfig,
-    rounds: Annotated[int, typer.Option(help="Alternating rounds (off, on); medians.")] = 2,
-) -> None:
+                      "device", "device_memory"), plan=SpeculationBench)
+def bench_speculation_command(run: RunConfig, settings: dict) -> None:
     """Speculative beam extension off vs on, side by side on beam search: problems/min, goodput,
     speculative tokens kept and discarded (writes docs/benchmarks/speculation.json/md)."""
-    from evals.bench_speculation import SpeculationBench, bench_speculation
+    from evals.bench_speculation import bench_speculation
 
-    bench = SpeculationBench(config=run.search, limit=run.dataset.limit, rounds=rounds,
-                             dataset_path=run.dataset.dataset_path, memory=run.memory, device=run.engine.device)
+    bench = SpeculationBench(config=run.search, limit=run.dataset.limit, dataset_path=run.dataset.dataset_path,
+                             memory=run.memory, device=run.engine.device, **settings)
     path = bench_speculation(bench, command=["tts", *sys.argv[1:]], log=console.print)
     typer.echo(path.read_text())

@@ -36,10 +36,9 @@ def command(parent: typer.Typer, name: str, **options: Any) -> Callable[[Callabl
     return register
 
 
-def parse_names(text: str, what: str, known: tuple[str, ...]) -> list[str]:
-    """A comma-separated choice of `known` names (e.g. a benchmark's variants)."""
-    chosen = [name.strip() for name in text.split(",") if name.strip()]
+def check_names(chosen: tuple[str, ...], what: str, known: tuple[str, ...]) -> list[str]:
+    """A chosen list of `known` names (e.g. a benchmark's variants), each one known."""
     unknown = [name for name in chosen if name not in known]
     if unknown or not chosen:
-        raise ConfigError(f"--{what} takes a comma-separated list of {', '.join(known)}; got '{text}'")
-    return chosen
+        raise ConfigError(f"--{what} takes a comma-separated list of {', '.join(known)}; got '{','.join(chosen)}'")
+    return list(chosen)

@@ -19,7 +19,7 @@ def register(app: typer.Typer) -> None:
                          "backend"))(sweep_memory_command)
 
 
-def sweep_memory_command(run: RunConfig, plan: SweepPlan) -> None:
+def sweep_memory_command(run: RunConfig, settings: dict) -> None:
     """Run one search workload at many memory splits and policies; write sweep.csv/json and plots
     (--out is the sweep folder, default runs/sweep-<time>; --device-memory must be tight on CPU)."""
-    sweep_memory(run, plan, echo=typer.echo)
+    sweep_memory(run, SweepPlan(**settings), echo=typer.echo)

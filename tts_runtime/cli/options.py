@@ -18,7 +18,7 @@ import typer
 
 from tts_runtime.cli.common import command
 from tts_runtime.config import ConfigError
-from tts_runtime.options import OptionField, option_fields, option_values, with_options
+from tts_runtime.options import OptionField, coerce, option_fields, option_values, with_options
 from tts_runtime.runs.config_file import read_config_file
 from tts_runtime.runs.run_config import RunConfig
 
@@ -32,30 +32,31 @@ _CONFIG_HELP = ("YAML or JSON file of options (keys: option names, or a run fold
 def config_command(parent: typer.Typer, name: str, *, only: Iterable[str] | None = None,
                    defaults: dict[str, Any] | None = None, fixed: dict[str, Any] | None = None,
                    plan: type | None = None) -> Callable[[Callable], Callable]:
-    """Register `fn(run, **knobs)` (with `plan`: `fn(run, plan, **knobs)`) as `parent`'s command `name`.
+    """Register `fn(run, **knobs)` (with `plan`: `fn(run, settings, **knobs)`) as `parent`'s command `name`.
 
     `only`: the option fields this command takes (default: all); `defaults`: the command's own
     defaults for some of them; `fixed`: values the command sets and the user cannot (a
     config file that sets them otherwise is an error); `plan`: a dataclass of the command's
-    own settings, declared with `option(...)` like the run configuration's, whose fields
-    become options too."""
+    own settings (a benchmark's rounds, variants ...), declared with `option(...)` like the run
+    configuration's: its option fields become options too, and fn gets their values by field
+    name (`settings`) to build it with."""
     fixed = fixed or {}
     base = with_options(RunConfig(), {**(defaults or {}), **fixed})
     fields = option_fields(RunConfig)
     chosen = [fields[flag] for flag in (only if only is not None else fields) if flag not in fixed]
     chosen.sort(key=lambda spec: -1 if spec.spec.panel is None else PANELS.index(spec.spec.panel))
     shown = option_values(base)
-    planned = option_fields(plan) if plan is not None else {}
+    planned = option_fields(plan, nested=False) if plan is not None else {}
 
     def register(fn: Callable) -> Callable:
         knobs = list(inspect.signature(fn, eval_str=True).parameters.values())[2 if plan else 1:]
 
         def run(ctx: typer.Context, config: Optional[Path] = None, **values: Any) -> Any:
             own = {knob.name: values.pop(knob.name) for knob in knobs}
-            settings = {flag: values.pop(flag) for flag in planned}
+            settings = {spec.path[-1]: coerce(spec, values.pop(flag)) for flag, spec in planned.items()}
             given = {flag: value for flag, value in values.items() if _given(ctx, flag)}
             run_config = compose(base, config, given, {spec.flag for spec in chosen}, fixed)
-            return fn(run_config, with_options(plan(), settings), **own) if plan else fn(run_config, **own)
+            return fn(run_config, settings, **own) if plan else fn(run_config, **own)
 
         parameters = [inspect.Parameter("ctx", inspect.Parameter.KEYWORD_ONLY, annotation=typer.Context),
                       inspect.Parameter("config", inspect.Parameter.KEYWORD_ONLY, default=None,
