@@ -374,6 +374,16 @@ def trace_lookahead(runtime, problem, **config):
     return asyncio.run(main()), recorder, session
 
 
+def _drive(runtime, coroutine):
+    """Run one backend call to its end, the runtime stepping the engines meanwhile."""
+    async def main():
+        task = asyncio.ensure_future(coroutine)
+        await runtime.drive(task)
+        return task.result()
+
+    return asyncio.run(main())
+
+
 SAMPLED = {**SMALL, "temperature": 0.8, "seed": 1}
 
 
@@ -424,13 +434,7 @@ def test_per_prefix_scores_equal_one_whole_text_pass(empty_step_run, prm_model, 
     # The generated first step and two more written out, scored as the search scores a beam.
     first = rec.scored[0][0].steps[0]
     beam = Beam([0], 1, [first, "So $r = \\sqrt{0^2 + 3^2} = 3$.\n\n", "The angle is $\\frac{\\pi}{2}$.\n\n"])
-    steps = session.steps_for(problems[0])
-
-    async def main():
-        task = asyncio.ensure_future(steps.score([beam]))
-        await session.runtime.drive(task)
-
-    asyncio.run(main())
+    _drive(session.runtime, session.steps_for(problems[0]).score([beam]))
     prefixes = [beam.steps[:k] for k in range(1, len(beam.steps) + 1)] + [[*beam.steps, ""]]
     assert len(beam.step_scores) == len(prefixes) == 4
     whole = fmt.build(question, prefixes[-1]).token_ids
@@ -452,7 +456,7 @@ def test_lookahead_ranks_by_greedy_rollouts(search_runtime, problems):
     for iteration, parents, children in rec.rollouts:
         assert len(rec.expanded) > iteration + 1
         # One more step each, decoded greedily: what a temperature-0 search would generate.
-        again = asyncio.run(greedy.expand(parents, iteration))
+        again = _drive(search_runtime, greedy.expand(parents, iteration))
         assert [child.steps for child in children] == [c.steps for [c] in again]
         assert all(len(c.steps) - len(p.steps) <= 1 and c.steps[:len(p.steps)] == p.steps
                    for p, c in zip(parents, children))
