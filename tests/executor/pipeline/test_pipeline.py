@@ -324,7 +324,7 @@ def test_an_exception_in_a_stage_arrives_with_its_traceback(generator_model):
 def test_sockets_live_in_a_private_directory_and_the_start_up_wait_follows_the_model_size(generator_model):
     from tts_runtime.executor.pipeline.stage_messages import startup_seconds
 
-    assert startup_seconds(0) == 60 and startup_seconds(70 << 30) == 60 + 30 * 70  # not a flat 600 s
+    assert startup_seconds(0) == 120 and startup_seconds(70 << 30) == 120 + 60 * 70  # not a flat 600 s
     engine = _engine(generator_model, 2)
     group = engine.executor.group
     folder = group.socket_dir

@@ -120,7 +120,10 @@ class PipelineGroup:
         self.startup_seconds = startup_seconds(sum(p.numel() * p.element_size() for m in models
                                                    for p in m.loaded.model.parameters()))
         self.socket_dir = Path(tempfile.mkdtemp(prefix="tts-pipeline-"))  # mode 0700
-        address = lambda name: f"ipc://{self.socket_dir / name}"  # noqa: E731
+
+        def address(name: str) -> str:
+            return f"ipc://{self.socket_dir / name}"
+
         self.context = zmq.Context()
         self.results = self.context.socket(zmq.PULL)
         self.results.bind(address("results"))
