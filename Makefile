@@ -52,7 +52,7 @@ demo: setup
 HAS_AVX2 := $(shell grep -qw avx2 /proc/cpuinfo 2>/dev/null && echo 1)
 AVX2_ENV := TTS_CPU_FEATURES=avx2 ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2
 AVX2_TESTS := tests/test_cpu_build.py tests/test_cpu_layer_ops.py tests/test_cpu_attention.py \
-	tests/test_cpu_linear.py tests/test_linear_backend.py
+	tests/test_cpu_linear.py tests/test_cpu_linear_fp32.py tests/test_linear_backend.py
 
 test: setup setup-vllm
 	$(PY) -m pytest -q tests

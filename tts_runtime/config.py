@@ -206,6 +206,10 @@ class EngineConfig:
     # and run RMSNorm, rotary embedding and the gated activation as fused Triton kernels.
     cuda_graphs: bool = True
     compile: bool = True
+    # --linear-backend streamed on fp32 models (the AVX2/FMA kernel): store the packed weights
+    # as bf16, widened to fp32 in registers: half the bytes to stream per decode step, at
+    # bf16's precision for the weights (activations and sums stay fp32).
+    linear_bf16_weights: bool = False
 
     def __post_init__(self) -> None:
         if self.linear_backend not in LINEAR_BACKENDS:
