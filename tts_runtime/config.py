@@ -259,6 +259,9 @@ class EngineConfig:
     cuda_graphs: bool = option(True, "CUDA: replay decode steps from captured graphs.", panel="Kernels")
     compile: bool = option(True, "CUDA: fused Triton kernels for RMSNorm, rotary embedding and the gated "
                            "activation.", panel="Kernels", flag="fused_cuda_ops")
+    linear_bf16_weights: bool = option(False, "--linear-backend streamed on fp32 models (the AVX2/FMA kernel): "
+                                       "store the packed weights as bf16, widened in registers: half the bytes "
+                                       "per decode step, at bf16 precision for the weights.", panel="Kernels")
 
     def __post_init__(self) -> None:
         if self.attention_backend not in ATTENTION_BACKENDS:

@@ -79,19 +79,47 @@ def resolved_linear_backend(device: torch.device, config: EngineConfig) -> str:
         raise ConfigError(f"--linear-backend {backend} needs a torch built with oneDNN (mkldnn); "
                           "use --linear-backend torch")
     if backend == "auto":
-        return "onednn" if torch.backends.mkldnn.is_available() else "torch"
+        if not torch.backends.mkldnn.is_available():
+            return "torch"
+        return "streamed" if _fp32_stream_wins() else "onednn"
     return backend
 
 
+def _fp32_stream_wins() -> bool:
+    """Where `auto` streams: CPUs with AVX2 and FMA but no AVX-512, where the fp32 kernel
+    measured faster than oneDNN at decode's few rows (cpu_linear_fp32.MAX_ROWS; the larger
+    calls still go to oneDNN). With AVX-512 oneDNN's own kernels stay the default."""
+    return _fp32_kernel_applies() and not cpu_features.has("avx512f")
+
+
 def packed_weight_bytes(model: nn.Module, samples: bool, device: torch.device, config: EngineConfig) -> int:
-    """Bytes the prepacked and streamed backends add to a model's weights (a packed copy of
-    each): its projections, and the output layer where the engine samples."""
-    if resolved_linear_backend(device, config) not in ("prepacked", "streamed"):
+    """Bytes the prepacked and streamed backends add to a model's weights (packed copies):
+    its projections, and the output layer where the engine samples."""
+    backend = resolved_linear_backend(device, config)
+    if backend not in ("prepacked", "streamed"):
         return 0
     weights = [m.weight for m in model.layers.modules() if isinstance(m, nn.Linear)]
     if samples:
         weights.append(model.output_weight)
-    return sum(w.numel() * w.element_size() for w in weights)
+    return sum(_packed_bytes(w, backend, config) for w in weights)
+
+
+def _packed_bytes(weight: torch.Tensor, backend: str, config: EngineConfig) -> int:
+    """A prepacked copy; with `streamed`, an fp32 weight's stream (bf16 where
+    `linear_bf16_weights`) on top of oneDNN's copy for the calls beyond the kernel's rows,
+    except under `auto`, whose fallback is oneDNN on the plain weight."""
+    size = weight.numel() * weight.element_size()
+    auto = config.linear_backend == "auto"
+    if backend == "prepacked" or weight.dtype != torch.float32 or not _fp32_kernel_applies():
+        return 0 if auto else size
+    stream = weight.numel() * (2 if config.linear_bf16_weights else 4)
+    return stream + (0 if auto else size)
+
+
+def _fp32_kernel_applies() -> bool:
+    from tts_runtime.executor.cpu.cpu_linear_fp32 import applies
+
+    return applies()
 
 
 def layer_ops(device: torch.device, config: EngineConfig, models: Sequence[nn.Module]) -> LayerOps:
@@ -110,19 +138,47 @@ def layer_ops(device: torch.device, config: EngineConfig, models: Sequence[nn.Mo
         return ops
     if backend == "onednn":
         return replace(ops, linear=onednn_linear)
+    if backend == "streamed" and config.linear_backend == "auto":  # no packed copy but the stream
+        return replace(ops, linear=streamed_linear(models, onednn_linear, config.linear_bf16_weights, auto=True))
     prepacked = PrepackedLinear(models)
-    return replace(ops, linear=streamed_linear(models, prepacked) if backend == "streamed" else prepacked)
+    if backend == "streamed":
+        return replace(ops, linear=streamed_linear(models, prepacked, config.linear_bf16_weights))
+    return replace(ops, linear=prepacked)
 
 
-def streamed_linear(models: Sequence[nn.Module], fallback: PrepackedLinear):
-    """tts's bf16 kernel over `fallback` (on AMX CPUs for the few-row calls only), or `fallback`
-    alone (with a warning) where the kernel cannot be built or the CPU lacks AVX512-BF16."""
+def streamed_linear(models: Sequence[nn.Module], fallback, bf16_weights: bool = False,
+                    auto: bool = False):
+    """tts's kernels over `fallback`: the AVX512-BF16 one for bf16 weights (on AMX CPUs for
+    the few-row calls only), the AVX2/FMA one for fp32 weights (stored as bf16 where
+    `bf16_weights`); each only where the models have such weights, and `fallback` alone
+    (with a warning) where neither can be built or the CPU lacks what they need."""
+    dtypes = {p.dtype for model in models for p in model.parameters()}
+    linear = fallback
+    if torch.float32 in dtypes:
+        linear = _kernel_or(linear, "fp32", lambda: _fp32_streamed(models, fallback, bf16_weights))
+    # `auto` streams on AVX2 CPUs for the fp32 kernel; bf16 there stays on the fallback quietly.
+    if torch.bfloat16 in dtypes and not (auto and not cpu_features.has("avx512_bf16")):
+        linear = _kernel_or(linear, "bf16", lambda: _bf16_streamed(models, linear))
+    return linear
+
+
+def _fp32_streamed(models: Sequence[nn.Module], fallback, bf16_weights: bool):
+    from tts_runtime.executor.cpu.cpu_linear_fp32 import StreamedFp32Linear, load_fp32_linear_kernel
+
+    return StreamedFp32Linear(load_fp32_linear_kernel(), models, fallback, bf16_weights)
+
+
+def _bf16_streamed(models: Sequence[nn.Module], fallback):
     from tts_runtime.executor.cpu.cpu_linear import StreamedLinear, load_linear_kernel, row_limit
 
+    return StreamedLinear(load_linear_kernel(), models, fallback, row_limit())
+
+
+def _kernel_or(fallback, label: str, make):
     try:
-        return StreamedLinear(load_linear_kernel(), models, fallback, row_limit())
+        return make()
     except KernelUnavailable as exc:
-        log.warning("streamed linear kernel unavailable, using oneDNN on prepacked weights: %s", exc)
+        log.warning("streamed %s linear kernel unavailable, using oneDNN on prepacked weights: %s", label, exc)
         return fallback
 
 

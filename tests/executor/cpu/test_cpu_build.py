@@ -85,7 +85,8 @@ def test_set_up_prints_one_line_per_kernel_and_a_skip_line_without_a_traceback()
     assert "streamed linear kernel: skipped, needs AVX512-BF16" in lines
     assert any(line.startswith("paged attention kernel: ready (") and "-march=x86-64-v3" in line for line in lines)
     assert any(line.startswith("layer ops: ready (") for line in lines)
-    assert lines[-1].startswith("CPU kernels: ") and len(lines) == 4
+    assert any(line.startswith("streamed fp32 linear kernel: ready (") for line in lines)
+    assert lines[-1].startswith("CPU kernels: ") and len(lines) == 5
 
 
 def test_the_cpu_memory_profile_prints_no_profiler_lines():

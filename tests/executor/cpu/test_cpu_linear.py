@@ -105,19 +105,19 @@ def test_calls_above_the_row_limit_go_to_onednn(kernel, bf16_generator):
     assert row_limit() == (AMX_MAX_ROWS if cpu_features.has("amx_tile") else None)
 
 
-def test_fp32_models_run_as_prepacked(generator_model):
+def test_fp32_models_go_to_the_fp32_kernel_or_prepacked(generator_model):
     from tts_runtime.executor.cpu.cpu_linear import StreamedLinear
+    from tts_runtime.executor.cpu.cpu_linear_fp32 import StreamedFp32Linear
 
     linear = layer_ops(CPU, EngineConfig(linear_backend="streamed"), [generator_model.model]).linear
     proj = generator_model.model.layers[0].self_attn.qkv_proj
     x = torch.randn(4, proj.weight.shape[1], generator=torch.Generator().manual_seed(4))
     torch.testing.assert_close(linear(x, proj.weight, None), F.linear(x, proj.weight), rtol=1e-4, atol=1e-4)
-    # fp32: the kernel (where this CPU has one: AVX512-BF16) takes no weight, and oneDNN's packed
-    # copy serves it; without the kernel `streamed` is prepacked oneDNN itself.
-    if isinstance(linear, StreamedLinear):
-        assert not linear.packed_weight_ids
-        linear = linear.fallback
-    assert isinstance(linear, PrepackedLinear) and linear.packed_weight_ids == (id(proj.weight),)
+    # fp32: the bf16 kernel is not even loaded (the model has no bf16 weight); the AVX2/FMA
+    # kernel (test_cpu_linear_fp32.py) takes it where the CPU has AVX2, else oneDNN's copy.
+    assert not isinstance(linear, StreamedLinear)
+    assert isinstance(linear, (StreamedFp32Linear, PrepackedLinear))
+    assert linear.packed_weight_ids == (id(proj.weight),)
 
 
 def test_streamed_copies_are_counted_like_prepacked_ones(bf16_generator):

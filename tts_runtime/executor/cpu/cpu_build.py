@@ -39,9 +39,16 @@ KERNELS = (
            "torch's eager ops will be used"),
     Kernel("streamed linear kernel", "tts_runtime.executor.cpu.cpu_linear", "load_linear_kernel",
            "--linear-backend streamed runs oneDNN", requires="avx512_bf16"),
+    Kernel("streamed fp32 linear kernel", "tts_runtime.executor.cpu.cpu_linear_fp32", "load_fp32_linear_kernel",
+           "fp32 projections run on oneDNN", requires="avx2"),
 )
 
-_FEATURE_NAMES = {"avx512_bf16": "AVX512-BF16"}
+_FEATURE_NAMES = {"avx512_bf16": "AVX512-BF16", "avx2": "AVX2 and FMA"}
+
+
+def _march_has(march: str, feature: str) -> bool:
+    """Whether an x86-64-vN -march (a TTS_CPU_FEATURES level's) enables `feature`."""
+    return any(target == march and feature in kept for target, kept in cpu_features.LEVELS.values())
 
 
 def skip_reason(kernel: Kernel) -> str | None:
@@ -71,7 +78,7 @@ def build_all(march: str | None = None, jobs: int | None = None, out=sys.stdout)
     todo, status = [], {}
     for kernel in KERNELS:
         reason = skip_reason(kernel)
-        if march not in (None, "native") and kernel.requires is not None:  # x86-64-vN have none
+        if march not in (None, "native") and kernel.requires is not None and not _march_has(march, kernel.requires):
             reason = f"needs {_FEATURE_NAMES.get(kernel.requires, kernel.requires)}, which -march={march} has not"
         if reason is not None:
             print(f"{kernel.label}: skipped, {reason}", file=out, flush=True)

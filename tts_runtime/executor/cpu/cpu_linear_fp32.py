@@ -1,0 +1,91 @@
+"""fp32 projections on CPUs with AVX2 and FMA through tts's own kernel
+(csrc/linear_fp32_cpu.cpp), on weights packed once into one sequential stream, stored as
+fp32 or as bf16 (half the bytes to stream, widened to fp32 in registers; the weights then
+carry bf16's 8-bit mantissa, the activations and sums stay fp32).
+
+The AVX512-BF16 kernel (cpu_linear.py) serves bf16 models on CPUs that have it; this one
+serves fp32 models, which is what `--dtype auto` runs on CPUs without AVX512-BF16.
+Measurements against oneDNN: docs/benchmarks/linear_avx2.md.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Sequence
+from types import ModuleType
+
+import torch
+from torch import nn
+
+import tts_runtime.cpu_features as cpu_features
+from tts_runtime.executor.cpu.cpu_extensions import KernelUnavailable, load_extension
+
+# What the kernel needs; without it `load_fp32_linear_kernel` does not even build it.
+REQUIRES = ("avx2", "fma")
+
+# The most rows a call may have for the kernel to take it: measured under TTS_CPU_FEATURES=avx2
+# on the demo models' projections (evals/bench_linear.py), the fp32 stream was 1.3-2.1x
+# oneDNN prepacked at 1 and 4 rows, 0.84-1.16x at 16 and 0.81-0.95x at 64.
+MAX_ROWS = 4
+
+
+def applies() -> bool:
+    """Whether this CPU (as cpu_features sees it) has what the kernel needs."""
+    return all(cpu_features.has(f) for f in REQUIRES)
+
+
+@functools.cache
+def load_fp32_linear_kernel(march: str | None = None) -> ModuleType:
+    """Builds or loads the extension (for `march`, default cpu_features.march()); raises
+    KernelUnavailable, without building, where the CPU (as cpu_features sees it) lacks AVX2
+    or FMA, and when the build has no AVX2 kernel or cannot be built."""
+    if march is None and not applies():
+        raise KernelUnavailable("needs AVX2 and FMA, which this CPU has not")
+    kernel = load_extension("tts_linear_fp32_cpu", "linear_fp32_cpu.cpp", march=march)
+    if not kernel.available():
+        raise KernelUnavailable(f"built for -march={march or cpu_features.march()}, which has no AVX2 and FMA")
+    return kernel
+
+
+def streamable(weight: torch.Tensor) -> bool:
+    """Whether the kernel takes this weight: 2-d fp32, outputs a multiple of 8."""
+    return weight.dim() == 2 and weight.dtype == torch.float32 and weight.shape[0] % 8 == 0
+
+
+class StreamedFp32Linear:
+    """The fp32 projections of `models` on the kernel, each weight packed on its first use
+    (stored as bf16 where `bf16_weights`; a copy beside the module's, counted by the memory
+    profile like oneDNN's prepacked one); every other call, and every call of more than
+    `max_rows` rows, on `fallback`."""
+
+    def __init__(self, kernel: ModuleType, models: Sequence[nn.Module],
+                 fallback: Callable[[torch.Tensor, torch.Tensor, torch.Tensor | None], torch.Tensor],
+                 bf16_weights: bool = False, max_rows: int | None = MAX_ROWS) -> None:
+        self._kernel = kernel
+        self._fallback = fallback
+        self._bf16 = bf16_weights
+        self._max_rows = max_rows
+        self._weights = {id(p): p for model in models for p in model.parameters() if streamable(p)}
+        self._packed: dict[int, torch.Tensor] = {}
+
+    def __call__(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        key = id(weight)
+        too_many_rows = self._max_rows is not None and x.numel() > self._max_rows * x.shape[-1]
+        if self._weights.get(key) is not weight or x.dtype != torch.float32 or too_many_rows:
+            return self._fallback(x, weight, bias)
+        packed = self._packed.get(key)
+        if packed is None:
+            packed = self._packed[key] = self._kernel.pack_weight(weight.detach(), self._bf16)
+        rows = x.reshape(-1, x.shape[-1]).contiguous()
+        out = self._kernel.linear(rows, packed, weight.shape[0]).view(*x.shape[:-1], weight.shape[0])
+        return out if bias is None else out + bias
+
+    @property
+    def packed_weight_ids(self) -> tuple[int, ...]:
+        """`id()`s of the weights packed for the kernel so far, in the order first used."""
+        return tuple(self._packed)
+
+    @property
+    def fallback(self) -> Callable[[torch.Tensor, torch.Tensor, torch.Tensor | None], torch.Tensor]:
+        """What serves the calls the kernel does not take."""
+        return self._fallback
