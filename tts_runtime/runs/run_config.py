@@ -46,6 +46,8 @@ class ScaleOutConfig:
     ray_address: str | None = option(None, "Join this Ray cluster (default: a local one started for the run).",
                                      panel="Scale-out (Ray)")
     threads_per_replica: int = option(1, "Torch threads (and Ray CPUs) per replica.", panel="Scale-out (Ray)")
+    hang_timeout_s: float = option(300.0, "Seconds a busy replica may leave a heartbeat unanswered before it is "
+                                   "taken as hung, killed and replaced.", panel="Scale-out (Ray)")
 
     def scale_out(self, device: str) -> ScaleOut | None:
         """None: search in this process; else how to spread the run over Ray."""
@@ -53,7 +55,8 @@ class ScaleOutConfig:
             return None
         gpus = 1 if resolve_device(device).type == "cuda" else 0
         return ScaleOut(replicas=1 if self.replicas is None else self.replicas, address=self.ray_address,
-                        threads_per_replica=self.threads_per_replica, gpus_per_replica=gpus)
+                        threads_per_replica=self.threads_per_replica, gpus_per_replica=gpus,
+                        hang_timeout_s=self.hang_timeout_s)
 
 
 @dataclass(frozen=True)
