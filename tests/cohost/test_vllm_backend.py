@@ -192,8 +192,11 @@ def test_bad_backend_and_elastic_policy_are_one_line_errors(math500_path):
     _one_line_error(["beam", "--limit", "1", "--backend", "tgi"], "unknown backend 'tgi'", math500_path)
     _one_line_error(["beam", "--limit", "1", "--backend", "vllm", "--memory-policy", "elastic"],
                     "cannot follow the elastic memory policy", math500_path)
+    # The run configuration is checked before the sweep's own policy list: without vLLM its
+    # absence is the first mistake named.
     _one_line_error(["sweep-memory", "--backend", "vllm", "--policies", "static,elastic"],
-                    "cannot follow the elastic memory policy", math500_path)
+                    "cannot follow the elastic memory policy" if HAS_VLLM else "needs vLLM, which is not installed",
+                    math500_path)
     _one_line_error(["sweep-memory", "--backend", "vllm", "--replicas", "2"], "Ray replicas", math500_path)
 
 
