@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import typer
 
-from tts_runtime.cli import memory, search
+import tts_runtime.cli.memory as memory_command
+import tts_runtime.cli.search as search_commands
 from tts_runtime.cli.bench import bench_app
 from tts_runtime.cli.models import models_app
 
@@ -18,5 +19,5 @@ app = typer.Typer(name="tts", help="Test-time-compute search: PRM-guided beam se
                   no_args_is_help=True, add_completion=False, pretty_exceptions_show_locals=False)
 app.add_typer(models_app, name="models")
 app.add_typer(bench_app, name="bench")
-search.register(app)
-memory.register(app)
+search_commands.register(app)
+memory_command.register(app)

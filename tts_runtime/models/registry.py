@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
-import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
 from tts_runtime.config import ConfigError
+from tts_runtime.hub import HUB_ID, hub_snapshot
 
 
 def _smollm2_gguf() -> Path:
@@ -110,9 +110,9 @@ def resolve(name: str) -> ResolvedModel:
     if "@" in name and _is_local(name.partition("@")[0]):
         raise ConfigError(f"model '{name}': a revision (@... or --revision) applies to Hugging Face Hub ids only, "
                           f"and '{name.partition('@')[0]}' is a local model; drop the revision")
-    if not path.exists() and _HUB_ID.fullmatch(name):
+    if not path.exists() and HUB_ID.fullmatch(name):
         repo_id, _, revision = name.partition("@")
-        return ResolvedModel("hf", hub_snapshot(repo_id, revision or None))
+        return ResolvedModel("hf", hub_snapshot(repo_id, revision or None, allow_patterns=_HUB_FILES))
     known = ", ".join(list(ALIASES) + [f"dummy:{k}" for k in BUILTIN_CONFIGS])
     raise ConfigError(f"unknown model '{name}': not an alias ({known}), a .gguf file, an HF folder with "
                       "config.json, or a Hugging Face Hub id (org/name)")
@@ -122,34 +122,5 @@ def _is_local(name: str) -> bool:
     return name in ALIASES or name.startswith("dummy:") or Path(name).expanduser().exists()
 
 
-# org/name, optionally @revision (a branch, tag or commit)
-_HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+(@[\w./-]+)?")
 # What loading needs from a repository: config, weights, tokenizer, chat template.
 _HUB_FILES = ["*.json", "*.safetensors", "*.model", "*.txt", "*.tiktoken", "*.jinja"]
-
-
-def hub_snapshot(repo_id: str, revision: str | None = None) -> Path:
-    """The local folder of a Hub repository at `revision`, downloaded into the Hugging Face
-    cache if it is not there (HF_HOME / HF_HUB_CACHE, HF_TOKEN and HF_HUB_OFFLINE apply)."""
-    from huggingface_hub import snapshot_download
-    from huggingface_hub.errors import (GatedRepoError, HfHubHTTPError, LocalEntryNotFoundError,
-                                        RepositoryNotFoundError, RevisionNotFoundError)
-
-    at = f"{repo_id}@{revision}" if revision else repo_id
-    try:
-        return Path(snapshot_download(repo_id, revision=revision, allow_patterns=_HUB_FILES))
-    except GatedRepoError:
-        raise ConfigError(f"model {at} is gated on the Hugging Face Hub: accept its licence on its page, "
-                          "then set HF_TOKEN to a token of that account") from None
-    except RepositoryNotFoundError:
-        raise ConfigError(f"unknown model '{at}': no such repository on the Hugging Face Hub (a private one "
-                          "needs HF_TOKEN), and no local folder of that name") from None
-    except RevisionNotFoundError:
-        raise ConfigError(f"model {repo_id} has no revision '{revision}' on the Hugging Face Hub") from None
-    except LocalEntryNotFoundError:
-        raise ConfigError(f"model {at} is not in the Hugging Face cache and the Hub cannot be reached "
-                          "(offline, or HF_HUB_OFFLINE=1): download it where the Hub is reachable "
-                          "(huggingface-cli download), or pass a local folder") from None
-    except HfHubHTTPError as exc:
-        raise ConfigError(f"cannot download model {at} from the Hugging Face Hub: {str(exc).splitlines()[0]}") \
-            from None

@@ -12,13 +12,12 @@ from typing import Any
 
 from search.problem import Problem
 from tts_runtime.config import ConfigError
+from tts_runtime.hub import HUB_ID, hub_snapshot
 from tts_runtime.options import comma_list, option
 
 KNOWN_DATASETS = ("math500",)
 _MATH500_HUB_ID = "HuggingFaceH4/MATH-500"
 _MATH500_RELATIVE = Path("math500") / "test.jsonl"
-# org/name, optionally @revision, as the model registry reads Hub ids
-_HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+(@[\w./-]+)?")
 
 
 class DatasetError(ConfigError):
@@ -91,7 +90,7 @@ def load_problems(config: DatasetConfig) -> list[Problem]:
         if config.dataset_config is not None:
             raise DatasetError(f"--dataset-config applies to Hub datasets, not the file {config.dataset}; drop it")
         problems = _load_jsonl(Path(config.dataset), columns)
-    elif _HUB_ID.fullmatch(config.dataset) and not Path(config.dataset).exists():
+    elif HUB_ID.fullmatch(config.dataset) and not Path(config.dataset).exists():
         problems = _load_hub_dataset(config, columns)
     else:
         raise DatasetError(
@@ -179,7 +178,7 @@ def _hub_problems(repo_id: str, revision: str | None, subset: str | None, split:
     copy, so its configs and split files are read as the Hub's dataset viewer reads them."""
     from datasets import load_dataset
 
-    folder = _dataset_snapshot(repo_id, revision)
+    folder = hub_snapshot(repo_id, revision, kind="dataset", error=DatasetError)
     at = f"{repo_id}@{revision}" if revision else repo_id
     try:
         rows = load_dataset(str(folder), name=subset, split=split)
@@ -189,31 +188,6 @@ def _hub_problems(repo_id: str, revision: str | None, subset: str | None, split:
     source = f"{at} ({split})"
     return _unique([_problem(dict(row), index, columns, source=f"{source} row {index}")
                     for index, row in enumerate(rows)], source)
-
-
-def _dataset_snapshot(repo_id: str, revision: str | None) -> Path:
-    from huggingface_hub import snapshot_download
-    from huggingface_hub.errors import (GatedRepoError, HfHubHTTPError, LocalEntryNotFoundError,
-                                        RepositoryNotFoundError, RevisionNotFoundError)
-
-    at = f"{repo_id}@{revision}" if revision else repo_id
-    try:
-        return Path(snapshot_download(repo_id, repo_type="dataset", revision=revision))
-    except GatedRepoError:
-        raise DatasetError(f"dataset {at} is gated on the Hugging Face Hub: accept its terms on its page, "
-                           "then set HF_TOKEN to a token of that account") from None
-    except RepositoryNotFoundError:
-        raise DatasetError(f"unknown dataset '{at}': no such dataset on the Hugging Face Hub (a private one "
-                           "needs HF_TOKEN), and no local file of that name") from None
-    except RevisionNotFoundError:
-        raise DatasetError(f"dataset {repo_id} has no revision '{revision}' on the Hugging Face Hub") from None
-    except LocalEntryNotFoundError:
-        raise DatasetError(f"dataset {at} is not in the Hugging Face cache and the Hub cannot be reached "
-                           "(offline, or HF_HUB_OFFLINE=1): download it where the Hub is reachable "
-                           "(huggingface-cli download --repo-type dataset), or pass a JSONL file") from None
-    except HfHubHTTPError as exc:
-        raise DatasetError(f"cannot download dataset {at} from the Hugging Face Hub: "
-                           f"{str(exc).splitlines()[0]}") from None
 
 
 def _unique(problems: list[Problem], source: str) -> list[Problem]:
