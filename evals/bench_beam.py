@@ -30,6 +30,7 @@ from tts_runtime.engine.request import SamplingParams
 from tts_runtime.models.loader import LoadedModel, load_model
 from tts_runtime.runs.datasets import DatasetConfig, load_problems
 from tts_runtime.models.registry import DEFAULT_GENERATOR
+from tts_runtime.options import option
 
 # The tts variants: (label, what it measures, engine switches, the dtypes it runs at: "first"
 # (the first of --dtypes only), "all", or "bfloat16").
@@ -63,9 +64,9 @@ class BeamBenchConfig:
     prompts: int = 4
     n: int = 4
     prompt_tokens: int = 1500
-    new_tokens: int = 256
+    new_tokens: int = option(256, "Beam workload: new tokens per fork.", flag="beam_new_tokens")
     repeats: int = 3
-    hf: bool = True
+    hf: bool = option(True, "Beam workload: include HF generate.", flag="beam_hf")
     # The first dtype runs every tts variant; each further one runs the two oneDNN tts
     # variants, HF and vLLM again, so each side is also measured at its best dtype.
     dtypes: tuple[torch.dtype, ...] = (torch.float32,)

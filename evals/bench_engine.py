@@ -13,6 +13,8 @@ Every side runs on the CPU, a GPU box too (`tts bench gpu` is the GPU comparison
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from dataclasses import dataclass
 
 import torch
@@ -25,18 +27,22 @@ from tts_runtime.engine.request import SamplingParams
 from tts_runtime.models.loader import LoadedModel, load_model
 from tts_runtime.runs.datasets import DatasetConfig, load_problems
 from tts_runtime.models.registry import DEFAULT_GENERATOR, DEFAULT_PRM
+from tts_runtime.options import option
 
 
 @dataclass(frozen=True)
 class EngineBenchConfig:
     generator: str = DEFAULT_GENERATOR
     prm: str = DEFAULT_PRM
-    num_prompts: int = 64
-    new_tokens: int = 128
-    beams: int = 16
-    steps: int = 8
-    repeats: int = 3
-    dtypes: tuple[torch.dtype, ...] = (torch.float32,)
+    num_prompts: int = option(64, "Generate workload: prompts.")
+    new_tokens: int = option(128, "Generate workload: new tokens per prompt.")
+    beams: int = option(16, "Score workload: beams.")
+    steps: int = option(8, "Score workload: steps per beam.")
+    repeats: int = option(3, "Alternating repetitions; medians reported (the beam workload's too).")
+    dtypes: tuple[torch.dtype, ...] = option((torch.float32,), "Every side at each of these dtypes, e.g. "
+                                             "float32,bfloat16 (beam workload: the first runs every tts variant, "
+                                             "the others the oneDNN ones and, at bfloat16, the bf16-dot switch "
+                                             "off; HF and vLLM run at each).", parse=lambda value: parse_dtypes(value))
     vllm: bool = False  # also both workloads on vLLM (evals/bench_vllm.py), in the same alternation
 
 
@@ -163,9 +169,11 @@ def bench_score(config: EngineBenchConfig, dtype: torch.dtype) -> SideBySide:
     return side
 
 
-def parse_dtypes(text: str) -> tuple[torch.dtype, ...]:
-    """`float32,bfloat16` -> the dtypes (a bad name is a one-line ConfigError)."""
-    names = [name.strip() for name in text.split(",") if name.strip()]
+def parse_dtypes(text: str | Sequence[str]) -> tuple[torch.dtype, ...]:
+    """`float32,bfloat16` (or a config file's list; `torch.` prefixes allowed) -> the dtypes (a
+    bad name is a one-line ConfigError)."""
+    items = text if isinstance(text, (list, tuple)) else str(text).split(",")
+    names = [str(name).strip().removeprefix("torch.") for name in items if str(name).strip()]
     if not names:
         raise ConfigError("--dtypes needs at least one dtype, e.g. float32,bfloat16")
     return tuple(dict.fromkeys(resolve_dtype(name, torch.device("cpu")) for name in names))

@@ -41,6 +41,10 @@ def test_a_benchmark_takes_its_own_defaults_for_the_fields_it_shares():
     text = _help("bench", "cohost")
     assert "--max-step-tokens" in text and "[default: 96]" in text and "--rounds" in text
     assert "--overlap " not in text  # a field the benchmark varies itself is not its option
+    # Its own settings are the option fields of its bench dataclass, like the run's.
+    assert "--variants" in text and "[default: 2]" in text
+    engine = _help("bench", "engine")
+    assert all(f"--{flag} " in engine for flag in ("num-prompts", "dtypes", "beam-new-tokens", "workload"))
 
 
 def test_flat_and_nested_files_give_the_same_configuration(tmp_path):

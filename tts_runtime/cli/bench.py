@@ -11,7 +11,9 @@ from typing import Annotated
 
 import typer
 
+from evals.bench_beam import BeamBenchConfig
 from evals.bench_cohost import CohostBench
+from evals.bench_engine import EngineBenchConfig
 from evals.bench_gpu import GpuBenchConfig
 from evals.bench_host import HostBench
 from evals.bench_pipeline import PipelineBenchConfig
@@ -105,44 +107,32 @@ def bench_cohost_command(run: RunConfig, settings: dict) -> None:
     typer.echo(path.read_text())
 
 
-@config_command(bench_app, "engine", only=("backend",))
+@config_command(bench_app, "engine", only=("backend",), plan=(EngineBenchConfig, BeamBenchConfig))
 def bench_engine_command(
     run: RunConfig,
-    num_prompts: Annotated[int, typer.Option(help="Generate workload: prompts.")] = 64,
-    new_tokens: Annotated[int, typer.Option(help="Generate workload: new tokens per prompt.")] = 128,
-    beams: Annotated[int, typer.Option(help="Score workload: beams.")] = 16,
-    steps: Annotated[int, typer.Option(help="Score workload: steps per beam.")] = 8,
-    repeats: Annotated[int, typer.Option(help="Alternating repetitions; medians reported.")] = 3,
-    dtypes: Annotated[str, typer.Option(help="Every side at each of these dtypes, e.g. float32,bfloat16 "
-                                             "(beam workload: the first runs every tts variant, the others "
-                                             "the oneDNN ones and, at bfloat16, the bf16-dot switch off; HF and "
-                                             "vLLM run at each).")] = "float32",
+    settings: tuple[dict, dict],
     workload: Annotated[str, typer.Option(help="all: generate, score and beam; generate-score: the first two; "
-                                               "beam: only the beam-shaped "
-                                               "decode; attention: one layer's attention at beam "
-                                               "shapes (beam_attention.json/md).")] = "all",
-    beam_new_tokens: Annotated[int, typer.Option(help="Beam workload: new tokens per fork.")] = 256,
-    beam_hf: Annotated[bool, typer.Option(help="Beam workload: include HF generate.")] = True,
+                                               "beam: only the beam-shaped decode; attention: one layer's "
+                                               "attention at beam shapes (beam_attention.json/md).")] = "all",
 ) -> None:
     """Engine vs HF transformers: generate tokens/s and PRM scoring (writes engine.json/md); beam-shaped
     decode with the attention switches off and on (writes beam_decode.json/md). --backend vllm
     also runs the generate and score workloads on vLLM, in the same alternation."""
-    from evals.bench_beam import BeamBenchConfig, run_attention_bench, run_beam_bench
-    from evals.bench_engine import EngineBenchConfig, parse_dtypes, run_engine_bench
+    from evals.bench_beam import run_attention_bench, run_beam_bench
+    from evals.bench_engine import run_engine_bench
 
     if workload not in ("all", "generate-score", "beam", "attention"):
         raise ConfigError(f"unknown --workload '{workload}'; choose all, generate-score, beam or attention")
+    engine, beam = settings
     command_line = shlex.join(["tts", *sys.argv[1:]])
     if workload == "attention":
-        typer.echo(run_attention_bench(max(repeats, 9), command_line))
+        typer.echo(run_attention_bench(max(engine["repeats"], 9), command_line))
         return
     if workload in ("all", "generate-score"):
-        config = EngineBenchConfig(num_prompts=num_prompts, new_tokens=new_tokens, beams=beams, steps=steps,
-                                   repeats=repeats, dtypes=parse_dtypes(dtypes), vllm=run.backend == "vllm")
-        typer.echo(run_engine_bench(config, command_line))
+        typer.echo(run_engine_bench(EngineBenchConfig(vllm=run.backend == "vllm", **engine), command_line))
     if workload in ("all", "beam"):
-        typer.echo(run_beam_bench(BeamBenchConfig(new_tokens=beam_new_tokens, repeats=repeats, hf=beam_hf,
-                                                  dtypes=parse_dtypes(dtypes)), command_line))
+        typer.echo(run_beam_bench(BeamBenchConfig(repeats=engine["repeats"], dtypes=engine["dtypes"], **beam),
+                                  command_line))
 
 
 @config_command(bench_app, "gpu", only=(), plan=GpuBenchConfig)

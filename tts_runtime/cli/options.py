@@ -31,7 +31,7 @@ _CONFIG_HELP = ("YAML or JSON file of options (keys: option names, or a run fold
 
 def config_command(parent: typer.Typer, name: str, *, only: Iterable[str] | None = None,
                    defaults: dict[str, Any] | None = None, fixed: dict[str, Any] | None = None,
-                   plan: type | None = None) -> Callable[[Callable], Callable]:
+                   plan: type | tuple[type, ...] | None = None) -> Callable[[Callable], Callable]:
     """Register `fn(run, **knobs)` (with `plan`: `fn(run, settings, **knobs)`) as `parent`'s command `name`.
 
     `only`: the option fields this command takes (default: all); `defaults`: the command's own
@@ -39,30 +39,34 @@ def config_command(parent: typer.Typer, name: str, *, only: Iterable[str] | None
     config file that sets them otherwise is an error); `plan`: a dataclass of the command's
     own settings (a benchmark's rounds, variants ...), declared with `option(...)` like the run
     configuration's: its option fields become options too, and fn gets their values by field
-    name (`settings`) to build it with."""
+    name (`settings`) to build it with; a tuple of dataclasses gives a tuple of such dicts."""
     fixed = fixed or {}
     base = with_options(RunConfig(), {**(defaults or {}), **fixed})
     fields = option_fields(RunConfig)
     chosen = [fields[flag] for flag in (only if only is not None else fields) if flag not in fixed]
     chosen.sort(key=lambda spec: -1 if spec.spec.panel is None else PANELS.index(spec.spec.panel))
     shown = option_values(base)
-    planned = option_fields(plan, nested=False) if plan is not None else {}
+    plans = plan if isinstance(plan, tuple) else (plan,) if plan is not None else ()
+    planned = [option_fields(cls, nested=False) for cls in plans]
 
     def register(fn: Callable) -> Callable:
-        knobs = list(inspect.signature(fn, eval_str=True).parameters.values())[2 if plan else 1:]
+        knobs = list(inspect.signature(fn, eval_str=True).parameters.values())[2 if plans else 1:]
 
         def run(ctx: typer.Context, config: Optional[Path] = None, **values: Any) -> Any:
             own = {knob.name: values.pop(knob.name) for knob in knobs}
-            settings = {spec.path[-1]: coerce(spec, values.pop(flag)) for flag, spec in planned.items()}
+            settings = tuple({spec.path[-1]: coerce(spec, values.pop(flag)) for flag, spec in fields.items()}
+                             for fields in planned)
             given = {flag: value for flag, value in values.items() if _given(ctx, flag)}
             run_config = compose(base, config, given, {spec.flag for spec in chosen}, fixed)
-            return fn(run_config, settings, **own) if plan else fn(run_config, **own)
+            if not plans:
+                return fn(run_config, **own)
+            return fn(run_config, settings if isinstance(plan, tuple) else settings[0], **own)
 
         parameters = [inspect.Parameter("ctx", inspect.Parameter.KEYWORD_ONLY, annotation=typer.Context),
                       inspect.Parameter("config", inspect.Parameter.KEYWORD_ONLY, default=None,
                                         annotation=Annotated[Optional[Path], typer.Option(help=_CONFIG_HELP)])]
         parameters += [_parameter(spec, shown[spec.flag]) for spec in chosen]
-        parameters += [_parameter(spec, spec.default) for spec in planned.values()]
+        parameters += [_parameter(spec, spec.default) for fields in planned for spec in fields.values()]
         parameters += [knob.replace(kind=inspect.Parameter.KEYWORD_ONLY) for knob in knobs]
         run.__signature__ = inspect.Signature(parameters)  # type: ignore[attr-defined]
         run.__doc__ = fn.__doc__
