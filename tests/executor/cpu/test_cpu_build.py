@@ -102,3 +102,19 @@ def test_the_cpu_memory_profile_prints_no_profiler_lines():
     done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     assert int(done.stdout) > 0 and done.stderr == "kept\n"
+
+
+def test_a_lock_left_by_a_killed_build_does_not_stall_the_next_one():
+    """Ctrl-C during `make setup` leaves torch's build lock file behind; the next load must not
+    wait on it forever (it used to: the test's timeout was the only way out)."""
+    from tts_runtime.executor.cpu.cpu_layer_ops import load_layer_ops_kernel
+
+    load_layer_ops_kernel()  # built (or loaded from the cache) once, so the second load is quick
+    folder = build_dir(cpu_extensions.CSRC / "layer_ops_cpu.cpp")
+    (folder / "lock").touch()  # what a killed build leaves
+    code = ("from tts_runtime.executor.cpu.cpu_layer_ops import load_layer_ops_kernel\n"
+            "load_layer_ops_kernel()\nprint('loaded')\n")
+    done = subprocess.run([sys.executable, "-c", code], env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and done.stdout.strip() == "loaded", done.stderr[-2000:]
+    assert not (folder / "lock").exists()

@@ -9,9 +9,12 @@ caller falls back to torch ops.
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import os
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from types import ModuleType
 
@@ -65,10 +68,22 @@ def load_extension(name: str, source: str, extra_cflags: tuple[str, ...] = (),
         # The module name carries the instruction set too: one process may load both builds
         # (the tests of the x86-64-v3 build beside the native one).
         suffix = "" if march == "native" else "_" + march.replace("-", "_")
-        return load(name=name + suffix, sources=[str(path)], build_directory=str(folder),
-                    extra_cflags=cflags(extra_cflags, march), extra_ldflags=["-fopenmp"], verbose=False)
+        with _build_lock(folder):
+            return load(name=name + suffix, sources=[str(path)], build_directory=str(folder),
+                        extra_cflags=cflags(extra_cflags, march), extra_ldflags=["-fopenmp"], verbose=False)
     except Exception as exc:  # any build or load failure means: use the torch ops
         raise KernelUnavailable(_summary(exc)) from exc
+
+
+@contextmanager
+def _build_lock(folder: Path) -> Iterator[None]:
+    """Our lock around torch's. Torch's is a plain file (`lock`) that a killed build (Ctrl-C
+    during `make setup`) leaves behind, and every later build then waits on it forever; an
+    flock dies with its process, so while this one is held a `lock` file is such a leftover."""
+    with (folder / "tts-build.lock").open("w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        (folder / "lock").unlink(missing_ok=True)
+        yield
 
 
 def _summary(exc: Exception) -> str:
