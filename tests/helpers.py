@@ -4,6 +4,7 @@ the demo model names and a fixed set of chat prompts. Fixtures live in conftest.
 from __future__ import annotations
 
 import os
+import signal
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -38,3 +39,10 @@ def question_prompts(loaded) -> list[list[int]]:
         return [tok.apply_chat_template([{"role": "user", "content": q}], tokenize=True,
                                         add_generation_prompt=True, return_dict=False) for q in QUESTIONS]
     return [tok(f"Question: {q}\nAnswer:")["input_ids"] for q in QUESTIONS]
+
+
+def default_sigint() -> None:
+    """A child's preexec_fn: SIGINT back to its default, so Python installs its Ctrl-C handler
+    even where the test run itself ignores SIGINT (a job started in the background by a
+    non-interactive shell, `nohup make test &`)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)

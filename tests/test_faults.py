@@ -22,7 +22,7 @@ import torch
 
 from tts_runtime.runs.run_folder import CONFIG_FILE, CORRUPT_FILE, HISTORY_FILE, RESULTS_FILE, RunFolder
 from search.results import BeamResult, ProblemResult
-from tests.helpers import GENERATOR
+from tests.helpers import GENERATOR, default_sigint
 from tts_runtime.config import ConfigError
 
 TINY = ["--n", "4", "--beam-width", "2", "--num-iterations", "2", "--max-step-tokens", "32", "--max-tokens", "48"]
@@ -289,7 +289,8 @@ def test_ctrl_c_during_a_search_keeps_the_results_and_prints_no_traceback(tmp_pa
     out = tmp_path / "run"
     command = [sys.executable, "-m", "tts_runtime.cli", "beam", "--dataset-path", str(math500_path),
                "--device-memory", "3GiB", *TINY, "--limit", "6", "--problem-batch", "2", "--out", str(out)]
-    run = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    run = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                           preexec_fn=default_sigint)
     deadline = time.monotonic() + 600
     while not (out / RESULTS_FILE).exists() and run.poll() is None and time.monotonic() < deadline:
         time.sleep(0.2)

@@ -10,11 +10,14 @@ import time
 
 import pytest
 
+from tests.helpers import default_sigint
+
 
 def _start(math500_path, tmp_path) -> subprocess.Popen:
     command = [sys.executable, "-m", "tts_runtime.cli", "beam", "--dataset-path", str(math500_path), "--limit", "1",
                "--device-memory", "3GiB", "--out", str(tmp_path / "run")]
-    return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=default_sigint)
 
 
 def _interrupted(process: subprocess.Popen) -> list[str]:

@@ -22,7 +22,7 @@ from tts_runtime.runs.run_config import RunConfig
 from tts_runtime.runs.sal_recipe import is_sal_recipe, translate_recipe
 
 # What a run folder's config.json records beside the configuration: read past, not options.
-RECORD_KEYS = frozenset({"resolved", "versions", "machine", "command"})
+RECORD_KEYS = frozenset({"resolved", "fingerprints", "versions", "machine", "command"})
 
 
 def read_config_file(path: Path) -> dict[str, Any]:
