@@ -11,21 +11,10 @@ from search.config import SearchConfig
 from search.prompts import SYSTEM_PROMPT, PromptBuilder
 from search.session import SearchSession
 from tts_runtime.config import ConfigError
-from tts_runtime.models.loader import load_tokenizer, model_folder
 
 QUESTION = "What is $1+1$?"
 TEMPLATE = ("{% for m in messages %}[{{ m.role }}] {{ m.content }}\n{% endfor %}"
             "{% if add_generation_prompt %}[assistant] {% endif %}")
-
-
-@pytest.fixture(scope="module")
-def smollm():
-    return load_tokenizer(model_folder("smollm2-135m-instruct"))
-
-
-@pytest.fixture(scope="module")
-def gemma():
-    return load_tokenizer(model_folder("gemma3-270m"))
 
 
 def test_default_is_search_and_learn_system_prompt(smollm) -> None:

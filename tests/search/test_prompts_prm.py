@@ -15,7 +15,6 @@ from search.prm import (
 from search.prompts import SYSTEM_PROMPT, PromptBuilder, beam_token_ids
 from search.score_cache import ScoreCache
 from tts_runtime.config import ConfigError
-from tts_runtime.models.loader import load_tokenizer, model_folder
 
 QUESTION = ("Convert the point $(0,3)$ in rectangular coordinates to polar coordinates. "
             "Enter your answer in the form $(r,\\theta)$.")
@@ -28,16 +27,6 @@ STEPS = [
     "$y = 3 \\sin \\frac{\\pi}{2} = 3$ — both match 🙂\n\n",
     "Therefore, the final answer is: $\\boxed{\\left( 3, \\frac{\\pi}{2} \\right)}$. I hope it is correct.",
 ]
-
-
-@pytest.fixture(scope="module")
-def smollm():
-    return load_tokenizer(model_folder("smollm2-135m-instruct"))
-
-
-@pytest.fixture(scope="module")
-def gemma():
-    return load_tokenizer(model_folder("gemma3-270m"))
 
 
 @pytest.fixture(scope="module", params=["smollm", "gemma"])
