@@ -25,8 +25,8 @@ from tts_runtime.executor.batch import AttentionMetadata
 from tts_runtime.executor.cpu.cpu_extensions import load_extension
 
 
-# The kernel's vector width in fp32 lanes: head_dim must be a multiple of it, and at most
-# the size of its per-lane accumulators.
+# The kernel's widest vector in fp32 lanes (AVX-512's; an AVX2 build's 8 divide it): head_dim
+# must be a multiple of it, and at most the size of its per-lane accumulators.
 HEAD_DIM_MULTIPLE = 16
 MAX_HEAD_DIM = 256
 

@@ -61,6 +61,9 @@ constexpr int64_t KT = 16;
 constexpr int64_t VR = 4;   // query vectors per register block of the value accumulation
 constexpr int64_t KS = L;   // head_dim chunk of the value accumulation (one vector)
 constexpr int64_t kMaxHeadDim = 256;
+// AVX-512's lane count, which an AVX2 build's divides: every build takes the same head sizes
+// (cpu_attention.py's HEAD_DIM_MULTIPLE sends the others to the torch backend).
+constexpr int64_t kHeadDimMultiple = 16;
 // Lane groups of up to this many lanes keep lane-major value accumulators (see
 // lane_values_dot_by_dim).
 constexpr int64_t kMaxLanesByLane = 8;
@@ -549,7 +552,8 @@ void paged_attention(const at::Tensor& query, const at::Tensor& k_cache, const a
                    static_cast<float>(softcap), window, bf16_dot && TTS_BF16_DOT && dot_shape_ok(query)};
   TORCH_CHECK(prm.num_heads % prm.num_kv_heads == 0, "heads must be a multiple of kv heads");
   TORCH_CHECK(k_cache.size(3) == prm.head_dim, "head_dim mismatch");
-  TORCH_CHECK(prm.head_dim % KS == 0 && prm.head_dim <= kMaxHeadDim, "head_dim must be a multiple of ", KS,
+  TORCH_CHECK(prm.head_dim % kHeadDimMultiple == 0 && prm.head_dim <= kMaxHeadDim,
+              "head_dim must be a multiple of ", kHeadDimMultiple,
               " and at most ", kMaxHeadDim);
   const Plan plan{tables.data_ptr<int32_t>(), tables.size(1), items.data_ptr<int32_t>(), rows.data_ptr<int32_t>()};
   const int64_t num_items = items.size(0), num_entries = rows.size(0), num_tokens = query.size(0);

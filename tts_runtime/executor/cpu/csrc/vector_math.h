@@ -1,7 +1,6 @@
-// 16-lane fp32 vectors and the elementary functions the CPU kernels share (paged attention's
-// softmax and soft-cap, the layer ops' SiLU and tanh-GELU), as GCC/Clang vector extensions:
-// one AVX-512 register where the machine has it (the builds use -march=native), narrower
-// registers where not.
+// fp32 vectors of one register and the elementary functions the CPU kernels share (paged
+// attention's softmax and soft-cap, the layer ops' SiLU and tanh-GELU), as GCC/Clang vector
+// extensions: 16 lanes in an AVX-512 register, 8 in an AVX2 one (x86-64-v3 builds).
 #pragma once
 
 #include <cstdint>
@@ -13,7 +12,15 @@
 
 namespace tts_vec {
 
+#if defined(__AVX512F__)
 constexpr int64_t L = 16;
+#else
+// Not 16 lanes in two registers: GCC keeps such vectors in memory between operations, and
+// paged attention's eight score accumulators (16 registers) plus its query no longer fit in
+// AVX2's 16. The x86-64-v3 build took 9x the time on a 1500-token bf16 prefill layer and 6x
+// on fp32 prefill and PRM chunks with 16 lanes (docs/benchmarks/beam_attention_avx2.md).
+constexpr int64_t L = 8;
+#endif
 typedef float vfloat __attribute__((vector_size(L * sizeof(float))));
 typedef int32_t vint __attribute__((vector_size(L * sizeof(int32_t))));
 
