@@ -16,9 +16,15 @@ starts (attention cost depends on the lengths, not the words).
 from __future__ import annotations
 
 import importlib.util
+import json
+import os
 import statistics
+import subprocess
+import sys
 import time
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, fields
+from pathlib import Path
 
 import torch
 
@@ -67,6 +73,9 @@ class BeamBenchConfig:
     new_tokens: int = option(256, "Beam workload: new tokens per fork.", flag="beam_new_tokens")
     repeats: int = 3
     hf: bool = option(True, "Beam workload: include HF generate.", flag="beam_hf")
+    avx2: bool = option(True, "Beam workload: also run tts as a CPU without AVX-512 does (kernels built for "
+                        "x86-64-v3, torch and oneDNN held to AVX2), in a worker process alternating with the "
+                        "others (where this CPU has AVX2 and FMA).", flag="beam_avx2")
     # The first dtype runs every tts variant; each further one runs the two oneDNN tts
     # variants, HF and vLLM again, so each side is also measured at its best dtype.
     dtypes: tuple[torch.dtype, ...] = (torch.float32,)
@@ -102,6 +111,17 @@ def _tts(engine: Engine, prompts: list[list[int]], config: BeamBenchConfig) -> d
     params = SamplingParams(temperature=0.8, n=config.n, max_tokens=config.new_tokens, ignore_eos=True)
     outputs = engine.generate(prompts, params)
     return {"tokens": sum(len(c.token_ids) for o in outputs for c in o.completions)}
+
+
+def tts_variant(loaded: LoadedModel, prompts: list[list[int]], config: BeamBenchConfig,
+                switches: dict) -> Callable[[], dict]:
+    """One repetition of the workload on an engine with `switches`, warmed up."""
+    # Prefix caching off: every repetition prefills its prompts like the first (the forks of a
+    # prompt still share its blocks).
+    cache = CacheConfig(enable_prefix_caching=False, num_blocks=_blocks_needed(config))
+    engine = Engine(config.generator, EngineConfig(device="cpu", cache=cache, **switches), loaded=loaded)
+    _tts(engine, [p[:64] for p in prompts], BeamBenchConfig(new_tokens=2))  # warm-up
+    return lambda: _tts(engine, prompts, config)
 
 
 def _hf(hf, tokenizer, prompts: list[list[int]], config: BeamBenchConfig) -> dict:
@@ -156,12 +176,7 @@ def _sides(config: BeamBenchConfig, dtype: torch.dtype, all_tts: bool, suffix: s
     for label, meaning, switches, dtypes in TTS_VARIANTS:
         if not _runs_at(dtypes, dtype, all_tts):
             continue
-        # Prefix caching off: every repetition prefills its prompts like the first (the forks
-        # of a prompt still share its blocks).
-        cache = CacheConfig(enable_prefix_caching=False, num_blocks=_blocks_needed(config))
-        engine = Engine(config.generator, EngineConfig(device="cpu", cache=cache, **switches), loaded=loaded)
-        _tts(engine, [p[:64] for p in prompts], BeamBenchConfig(new_tokens=2))  # warm-up
-        variants[label + suffix] = lambda e=engine, p=prompts: _tts(e, p, config)
+        variants[label + suffix] = tts_variant(loaded, prompts, config, switches)
         labels[label + suffix] = meaning
     if config.hf:
         from transformers import AutoModelForCausalLM
@@ -175,13 +190,92 @@ def _sides(config: BeamBenchConfig, dtype: torch.dtype, all_tts: bool, suffix: s
         labels["vllm" + suffix] = f"vLLM, n={config.n}, prefix caching on"
 
 
+# The tts variants the AVX2 worker runs: the default, and the faster fp32 projections an AVX2
+# CPU has (linear_avx2.md).
+AVX2_VARIANTS = ("tts_onednn", "tts_prepacked")
+
+
+class Avx2Worker:
+    """The tts variants as an AVX2 CPU runs them, in a worker process (evals/bench_beam_avx2.py):
+    torch picks its kernels and oneDNN its instruction set when torch starts, so that cannot
+    happen in this process. One repetition per `run`, timed in the worker, so that the
+    benchmark alternates them with its own variants."""
+
+    def __init__(self, config: BeamBenchConfig, runs: list[tuple[str, str, torch.dtype]]) -> None:
+        """`runs`: (label, TTS_VARIANTS name, dtype) for each variant the worker builds."""
+        settings = {f.name: getattr(config, f.name) for f in fields(config) if f.name != "dtypes"}
+        self.process = subprocess.Popen([sys.executable, "-m", "evals.bench_beam_avx2"],
+                                        cwd=Path(__file__).resolve().parents[1],
+                                        env=os.environ | cpu_features.AVX2_ENVIRONMENT,
+                                        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        self._send(json.dumps({"config": settings, "runs": [(label, name, str(dtype).removeprefix("torch."))
+                                                            for label, name, dtype in runs]}))
+        self._answer()  # its engines are built and warmed up
+
+    def run(self, label: str) -> dict:
+        """One repetition: tokens, seconds and the worker's cpu_features.describe()."""
+        self._send(label)
+        return self._answer()
+
+    def close(self) -> None:
+        self.process.stdin.close()
+        self.process.wait()
+
+    def _send(self, line: str) -> None:
+        self.process.stdin.write(line + "\n")
+        self.process.stdin.flush()
+
+    def _answer(self) -> dict:
+        line = self.process.stdout.readline()
+        if not line:
+            raise RuntimeError(f"the AVX2 benchmark worker ended with exit code {self.process.wait()} "
+                               "(its error is above)")
+        return json.loads(line)
+
+
+def avx2_runs_here(config: BeamBenchConfig) -> bool:
+    """Whether the AVX2 side runs: asked for, and this CPU has AVX2 and FMA and is not already
+    held to them."""
+    return config.avx2 and cpu_features.has("avx2") and cpu_features.has("fma") and cpu_features.march() == "native"
+
+
+def _avx2_side(config: BeamBenchConfig, variants: dict, labels: dict) -> Avx2Worker:
+    runs = [(name + ("" if i == 0 else "_" + _dtype_name(dtype)) + "_avx2", name, dtype)
+            for i, dtype in enumerate(config.dtypes) for name in AVX2_VARIANTS]
+    worker = Avx2Worker(config, runs)
+    meanings = {label: meaning for label, meaning, _, _ in TTS_VARIANTS}
+    for label, name, _ in runs:
+        variants[label] = lambda label=label: worker.run(label)
+        labels[label] = f"{meanings[name]}; AVX2 build (x86-64-v3), torch and oneDNN held to AVX2"
+    return worker
+
+
 def bench_beam(config: BeamBenchConfig) -> tuple[SideBySide, dict[str, str]]:
+    """The workload's sides, alternating; the AVX2 worker's runs also name the CPU features
+    they ran with ("cpu_features")."""
     variants, labels = {}, {}
     for i, dtype in enumerate(config.dtypes):
         _sides(config, dtype, i == 0, "" if i == 0 else "_" + _dtype_name(dtype), variants, labels)
+    worker = _avx2_side(config, variants, labels) if avx2_runs_here(config) else None
     side = SideBySide("beam")
-    side.run(variants, config.repeats)
+    try:
+        side.run(variants, config.repeats)
+    finally:
+        if worker is not None:
+            worker.close()
     return side, labels
+
+
+def _avx2_notes(side: SideBySide, rates: dict[str, float]) -> list[str]:
+    """The AVX2 rows against the same variants on this CPU's own build."""
+    avx2 = [k for k in side.runs if k.endswith("_avx2")]
+    if not avx2:
+        return ["No AVX2 rows: --no-beam-avx2, or this CPU lacks AVX2 and FMA or is held to them already."]
+    return [f"Rows ending _avx2: the variant in a worker process started with "
+            f"{' '.join(f'{k}={v}' for k, v in cpu_features.AVX2_ENVIRONMENT.items())} (tts's CPU features "
+            f"there: {side.runs[avx2[0]][0]['cpu_features']}; here: {cpu_features.describe()}), alternating "
+            "with the other rows; its time is taken in the worker. AVX2 build / this CPU's build: "
+            + ", ".join(f"{k} {rates[k] / rates[k.removesuffix('_avx2')]:.2f}x" for k in avx2) + "."]
 
 
 def run_beam_bench(config: BeamBenchConfig, command: str) -> str:
@@ -195,9 +289,10 @@ def run_beam_bench(config: BeamBenchConfig, command: str) -> str:
                      "tokens/s": "-", "vs tts_torch": "-"})
     summary = {"tokens_per_s": rates, "speedup_vs_torch_backend": {k: r / before for k, r in rates.items()},
                "raw": side.runs}
-    best = {peer: max((r, k) for k, r in rates.items() if k.startswith(peer))
+    native = {k: r for k, r in rates.items() if not k.endswith("_avx2")}
+    best = {peer: max((r, k) for k, r in native.items() if k.startswith(peer))
             for peer in ("tts_onednn", "tts_prepacked", "tts_streamed", "hf", "vllm")
-            if any(k.startswith(peer) for k in rates)}
+            if any(k.startswith(peer) for k in native)}
     dtypes = ", ".join(str(d).removeprefix("torch.") for d in config.dtypes)
     notes = [f"{config.prompts} prompts of {config.prompt_tokens} tokens, n={config.n}, {config.new_tokens} new "
              f"tokens each, T=0.8, ignore EOS; dtype {dtypes} (unsuffixed rows: the first; a suffix names the "
@@ -210,6 +305,7 @@ def run_beam_bench(config: BeamBenchConfig, command: str) -> str:
              + "".join(f"; {ours} / {peer} {best[ours][0] / best[peer][0]:.2f}x"
                        for ours in ("tts_onednn", "tts_prepacked", "tts_streamed") if ours in best
                        for peer in ("hf", "vllm") if peer in best) + ".",
+             *_avx2_notes(side, rates),
              "The profile that motivated the CPU kernel: `py-spy record -o beam.svg -- .venv/bin/tts beam "
              "--dataset math500 --limit 1 --num-iterations 4 --no-sort-completed --attention-backend torch` "
              "(drop the last option for the kernel); issue 15 measured `gather_kv` at 26% and the attention "

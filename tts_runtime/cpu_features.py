@@ -27,6 +27,9 @@ ENV = "TTS_CPU_FEATURES"
 _AVX2 = frozenset({"avx", "avx2", "fma", "f16c", "bmi1", "bmi2", "movbe"})
 _AVX512 = _AVX2 | {"avx512f", "avx512bw", "avx512cd", "avx512dq", "avx512vl"}
 LEVELS: dict[str, tuple[str, frozenset[str]]] = {"avx2": ("x86-64-v3", _AVX2), "avx512": ("x86-64-v4", _AVX512)}
+# The environment of a process started to run as an AVX2 CPU would: tts's level and torch's
+# and oneDNN's own limits (the Makefile's AVX2 test pass sets the same three).
+AVX2_ENVIRONMENT = {ENV: "avx2", "ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2"}
 
 # /proc/cpuinfo flags that name instruction sets -march can enable (the cache key's input).
 _ISA_FLAG = re.compile(r"^(sse|ssse3|avx|fma|f16c|bmi|amx|adx|popcnt|movbe|abm|lzcnt|aes|pclmul|sha_ni|gfni|"

@@ -183,7 +183,7 @@ def test_beam_bench_runs_each_switch_at_its_dtypes(math500_path):
     bf16-only switches run at bf16 alone."""
     from evals.bench_beam import BeamBenchConfig, bench_beam
 
-    config = BeamBenchConfig(prompts=1, n=2, prompt_tokens=40, new_tokens=3, repeats=1, hf=False,
+    config = BeamBenchConfig(prompts=1, n=2, prompt_tokens=40, new_tokens=3, repeats=1, hf=False, avx2=False,
                              dtypes=(torch.float32, torch.bfloat16))
     side, labels = bench_beam(config)
     expected = ["tts_torch", "tts_kernel", "tts_cascade", "tts_onednn", "tts_prepacked",
@@ -191,3 +191,21 @@ def test_beam_bench_runs_each_switch_at_its_dtypes(math500_path):
                 "tts_eager_ops_bf16"]
     assert [k for k in side.runs if not k.startswith("vllm")] == expected
     assert all(side.median(k, "tokens") == 6 for k in expected)
+
+
+@pytest.mark.skipif(not (cpu_features.has("avx2") and cpu_features.has("fma")) or cpu_features.march() != "native",
+                    reason="the AVX2 side needs a CPU with AVX2 and FMA that this run does not hold to them already")
+def test_beam_bench_runs_the_avx2_build_in_a_worker(math500_path):
+    """The beam benchmark's AVX2 rows come from a worker process that runs as an AVX2 CPU,
+    alternating with this process's rows."""
+    from evals.bench_beam import AVX2_VARIANTS, BeamBenchConfig, bench_beam
+
+    config = BeamBenchConfig(prompts=1, n=2, prompt_tokens=40, new_tokens=3, repeats=2, hf=False,
+                             dtypes=(torch.float32,))
+    side, labels = bench_beam(config)
+    avx2 = [name + "_avx2" for name in AVX2_VARIANTS]
+    assert [k for k in side.runs if k.endswith("_avx2")] == avx2
+    for label in avx2:
+        assert [run["tokens"] for run in side.runs[label]] == [6, 6]
+        assert all(run["cpu_features"].startswith("avx2 (-march=x86-64-v3)") for run in side.runs[label])
+        assert "AVX2 build" in labels[label]
