@@ -10,17 +10,30 @@ from tts_runtime.engine.request import SamplingParams
 from tts_runtime.executor.sim import SimDevice, SimExecutor
 from tts_runtime.executor.sim_costs import SimCost, SimCosts
 from tts_runtime.executor.sim_profile import load_profile
+from tts_runtime.executor.sampler import SamplingRow
 from tts_runtime.executor.sim_tokens import ProfileTokens
 
 PROMPTS = ["The first five prime numbers are", "Once upon a time, in a small village by the sea,",
            "To solve 3x + 5 = 20, we first", "1, 2, 3, 4,", "Let x be the number of apples. Then"]
 
 
+class _SeenRows(ProfileTokens):
+    """The profile's draws, remembering every sequence a token was drawn after."""
+
+    def __init__(self) -> None:
+        super().__init__(load_profile(), seed=3)
+        self.seen: list[tuple[int, ...]] = []
+
+    def next_token(self, row: SamplingRow) -> int:
+        self.seen.append(tuple(row.token_ids))
+        return super().next_token(row)
+
+
 def _engine(generator_model, async_scheduling: bool, num_blocks: int = 64) -> Engine:
     # A small token budget and pool: chunked prefill and preemption happen.
     config = EngineConfig(device="cpu", cache=CacheConfig(num_blocks=num_blocks, block_size=4),
                           scheduler=SchedulerConfig(max_num_batched_tokens=24, async_scheduling=async_scheduling))
-    executor = SimExecutor(SimDevice(), SimCosts(SimCost(), SimCost()), ProfileTokens(load_profile(), seed=3))
+    executor = SimExecutor(SimDevice(), SimCosts(SimCost(), SimCost()), _SeenRows())
     return Engine(generator_model.name, config, loaded=generator_model, executor=executor)
 
 
@@ -64,6 +77,12 @@ def test_async_gives_the_synchronous_outputs_and_runs_ahead(generator_model):
     assert reasons >= {"stop", "length"}
     # Decodes went ahead: two microbatches in flight at a launch, which the synchronous engine never has.
     assert max(engine.stats.in_flight_at_launch) == 2 and max(sync.stats.in_flight_at_launch) == 1
+    # The executor drew each token after the same sequence as the synchronous engine: the
+    # placeholders were filled. The only extra draws follow a sequence's last token (dropped).
+    seen, extra = set(sync.executor.tokens.seen), set(engine.executor.tokens.seen) - set(sync.executor.tokens.seen)
+    assert seen <= set(engine.executor.tokens.seen)
+    ends = {load_profile().separator_token_id, *engine.eos_token_ids}
+    assert extra and all(tokens[-1] in ends for tokens in extra)
     _assert_no_leak(engine)
 
 
