@@ -10,6 +10,8 @@ phase (engine/host_times.py); and outside the engines, the runtime's own steppin
 driver (asyncio, search logic, score cache, results) and grading. Writes host.json and host.md.
 
     python -m evals.bench_host --limits 20 100 --problem-batches 16 64
+    python -m evals.bench_host --limits 20 --problem-batches 16 64 --async-scheduling both \
+        --hide-driver both --rounds 3 --stem host_async
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from search.config import SearchConfig
 from search.driver import run_search
 from search.problem import Problem
 from tts_runtime.cohost.runtime import Runtime
-from tts_runtime.config import CohostConfig, EngineConfig, resolve_device, resolve_dtype
+from tts_runtime.config import CohostConfig, EngineConfig, SchedulerConfig, resolve_device, resolve_dtype
 from tts_runtime.engine.host_times import PHASES
 from tts_runtime.executor.sim import shared_device
 from tts_runtime.models.loader import LoadedModel, load_model
@@ -57,8 +59,10 @@ class HostBench:
     memory: MemoryConfig = field(default_factory=lambda: MemoryConfig(device_memory=H100_BUDGET))
     phase_policy: str = "batched"
     # Variants run side by side, alternating, `rounds` times: the driver hidden behind the
-    # forwards (CohostConfig.hide_driver) off and/or on.
+    # forwards (CohostConfig.hide_driver) off and/or on, async scheduling
+    # (SchedulerConfig.async_scheduling) off and/or on, every combination.
     hide_driver: Sequence[bool] = (False,)
+    async_scheduling: Sequence[bool] = (True,)  # the engine's default
     rounds: int = 1
     dataset_path: str | None = None
     stem: str = "host"
@@ -94,10 +98,11 @@ def _timed_grading(timer: _Timed):
 
 
 def measure(bench: HostBench, models: tuple[LoadedModel, LoadedModel], problems: Sequence[Problem],
-            problem_batch: int, hide_driver: bool) -> dict[str, Any]:
+            problem_batch: int, hide_driver: bool, async_scheduling: bool) -> dict[str, Any]:
     """One run on a fresh runtime (a cold prefix cache, as in a real run)."""
     cohost = CohostConfig(phase_policy=bench.phase_policy, hide_driver=hide_driver)
-    engine_config = EngineConfig(device=bench.device, cohost=cohost)
+    engine_config = EngineConfig(device=bench.device, cohost=cohost,
+                                 scheduler=SchedulerConfig(async_scheduling=async_scheduling))
     runtime = Runtime(*models, memory=bench.memory, engine_config=engine_config)
     config = SearchConfig(**{**bench.config.to_dict(), "problem_batch": problem_batch})
     device = shared_device(bench.device)
@@ -134,7 +139,8 @@ def measure(bench: HostBench, models: tuple[LoadedModel, LoadedModel], problems:
         }
     driver = wall - stepping.seconds - grading.seconds
     return {
-        "problems": len(results), "problem_batch": problem_batch, "hide_driver": hide_driver, "seconds": wall,
+        "problems": len(results), "problem_batch": problem_batch, "hide_driver": hide_driver,
+        "async_scheduling": async_scheduling, "seconds": wall,
         "problems_per_min": 60 * len(results) / wall,
         "ceiling_problems_per_min": 60 * len(results) / ceiling if ceiling else 0.0,
         "device_seconds": ceiling, "device_busy_fraction": ceiling / wall,
@@ -152,7 +158,7 @@ def _row(m: dict[str, Any]) -> dict[str, Any]:
         + m["grading_seconds"]
     return {
         "problems": m["problems"], "batch": m["problem_batch"], "hide driver": m["hide_driver"],
-        "problems/min": m["problems_per_min"],
+        "async": m["async_scheduling"], "problems/min": m["problems_per_min"],
         "ceiling/min": m["ceiling_problems_per_min"], "device busy": m["device_busy_fraction"],
         "gen busy": gen["busy_fraction"], "PRM busy": prm["busy_fraction"],
         "host share": host / wall,
@@ -164,7 +170,8 @@ def _row(m: dict[str, Any]) -> dict[str, Any]:
 
 
 def _phase_rows(m: dict[str, Any]) -> list[dict[str, Any]]:
-    return [{"problems": m["problems"], "batch": m["problem_batch"], "hide driver": m["hide_driver"], "engine": name,
+    return [{"problems": m["problems"], "batch": m["problem_batch"], "hide driver": m["hide_driver"],
+             "async": m["async_scheduling"], "engine": name,
              "steps": e["steps"],
              **{f"{p} ms": e[f"{p}_ms_per_step"] for p in PHASES}} for name, e in m["engines"].items()]
 
@@ -172,7 +179,8 @@ def _phase_rows(m: dict[str, Any]) -> list[dict[str, Any]]:
 def _logged(log: Callable[[str], None], measure_one: Callable[[], dict]) -> Callable[[], dict]:
     def run() -> dict:
         m = measure_one()
-        log(f"{m['problems']} problems, batch {m['problem_batch']}, hide_driver {m['hide_driver']}: "
+        log(f"{m['problems']} problems, batch {m['problem_batch']}, hide_driver {m['hide_driver']}, "
+            f"async_scheduling {m['async_scheduling']}: "
             f"{m['problems_per_min']:.1f} problems/min, ceiling {m['ceiling_problems_per_min']:.1f}, "
             f"device busy {m['device_busy_fraction']:.0%}")
         return m
@@ -188,8 +196,9 @@ def bench_host(bench: HostBench, command: str, log: Callable[[str], None] = prin
         problems = load_problems(DatasetConfig(dataset_path=bench.dataset_path, limit=limit))
         for batch in bench.problem_batches:
             side = SideBySide(f"{limit}x{batch}")
-            variants = {f"hide_driver={hide}": _logged(log, partial(measure, bench, models, problems, batch, hide))
-                        for hide in bench.hide_driver}
+            variants = {f"hide_driver={hide},async={ahead}":
+                        _logged(log, partial(measure, bench, models, problems, batch, hide, ahead))
+                        for hide in bench.hide_driver for ahead in bench.async_scheduling}
             side.run(variants, bench.rounds)
             measured += [m for runs in side.runs.values() for m in runs]
             medians.append({"problems": limit, "problem_batch": batch,
@@ -235,13 +244,16 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--phase-policy", default="batched")
     parser.add_argument("--hide-driver", choices=("off", "on", "both"), default="off",
                         help="both: off and on side by side, alternating")
+    parser.add_argument("--async-scheduling", choices=("off", "on", "both"), default="on",
+                        help="both: off and on side by side, alternating")
     parser.add_argument("--rounds", type=int, default=1, help="alternating rounds; medians")
     parser.add_argument("--dataset-path", default=None)
     parser.add_argument("--stem", default="host", help="docs/benchmarks/<stem>.json/md")
     args = parser.parse_args(argv)
+    switch = {"off": (False,), "on": (True,), "both": (False, True)}
     bench = HostBench(limits=args.limits, problem_batches=args.problem_batches, device=args.device,
-                      phase_policy=args.phase_policy, rounds=args.rounds,
-                      hide_driver={"off": (False,), "on": (True,), "both": (False, True)}[args.hide_driver],
+                      phase_policy=args.phase_policy, rounds=args.rounds, hide_driver=switch[args.hide_driver],
+                      async_scheduling=switch[args.async_scheduling],
                       dataset_path=args.dataset_path, stem=args.stem)
     bench_host(bench, shlex.join(["python", "-m", "evals.bench_host", *(argv or sys.argv[1:])]))
 

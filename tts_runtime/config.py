@@ -102,6 +102,13 @@ class SchedulerConfig:
     # one after another (first-come order between groups), so their prefix stays hot.
     prefix_aware_order: bool = option(False, "Admit waiting requests that share a prefix together (FastTTS).",
                                       panel="Scheduler")
+    # Schedule and build step N+1 while step N runs: a decode in flight is scheduled again,
+    # its input a placeholder the executor fills from step N's sampled token. Only executors
+    # that sample on the device side can fill it (the simulated device); the CPU local
+    # executor runs a forward inside submit, so there is nothing to overlap and it stays
+    # synchronous whatever this says.
+    async_scheduling: bool = option(True, "Schedule and build the next step while the current one runs "
+                                    "(executors that sample on the device: --device sim).", panel="Scheduler")
 
     def __post_init__(self) -> None:
         if self.policy not in SCHEDULER_POLICIES:

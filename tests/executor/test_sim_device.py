@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import time
+from dataclasses import replace
 
 import pytest
 from typer.testing import CliRunner
@@ -58,7 +59,9 @@ def test_sim_schedules_as_the_real_device_for_the_same_tokens(generator_model):
         eos = [generator_model.tokenizer.eos_token_id] if completion.finish_reason == "eos" else []
         streams[tuple(out.prompt_token_ids)] = list(completion.token_ids) + eos
     executor = SimExecutor(SimDevice(), SimCosts(SimCost(), SimCost()), ReplayTokens(streams))
-    sim = Engine(generator_model.name, config, loaded=generator_model, executor=executor)
+    # Synchronous, as the CPU device is (async scheduling decides one step ahead).
+    sync = replace(config, scheduler=replace(config.scheduler, async_scheduling=False))
+    sim = Engine(generator_model.name, sync, loaded=generator_model, executor=executor)
     sim_decisions, sim_outputs = _run_recording(sim, params)
     # Mixed steps and preemption were exercised.
     assert any(prefills and decodes for decodes, prefills in real_decisions) and real.scheduler.num_preemptions

@@ -9,7 +9,7 @@ import torch
 
 from tts_runtime.engine.scheduler import ScheduledBatch
 from tts_runtime.engine.sequence import Sequence
-from tts_runtime.executor.batch import AttentionMetadata, ModelInput
+from tts_runtime.executor.batch import PLACEHOLDER_TOKEN, AttentionMetadata, ModelInput
 
 
 @dataclass
@@ -36,9 +36,13 @@ def build_model_input(batch: ScheduledBatch, block_size: int,
     sample_rows: list[int] = []
     score_groups: dict[tuple[int, ...], tuple[list[int], list[tuple[Sequence, int]]]] = {}
 
+    decode_positions = []
     for seq in batch.decodes:
-        pos = seq.num_computed_tokens
-        ids.append(seq.token_ids[pos])
+        # A decode going ahead (async scheduling) is one token past its microbatch in flight,
+        # whose sampled token, its input, the executor fills in.
+        pos = seq.num_computed_tokens + seq.in_flight
+        decode_positions.append(pos)
+        ids.append(seq.token_ids[pos] if pos < seq.num_tokens else PLACEHOLDER_TOKEN)
         positions.append(pos)
         slots.append(seq.block_table[pos // block_size] * block_size + pos % block_size)
         sample_rows.append(len(ids) - 1)
@@ -73,7 +77,7 @@ def build_model_input(batch: ScheduledBatch, block_size: int,
         slot_mapping=torch.tensor(slots, dtype=torch.long, device=device),
         num_decodes=len(batch.decodes),
         decode_block_tables=_padded_tables([s.block_table for s in batch.decodes], device),
-        decode_context_lens=torch.tensor([s.num_computed_tokens + 1 for s in batch.decodes],
+        decode_context_lens=torch.tensor([pos + 1 for pos in decode_positions],
                                          dtype=torch.int32, device=device),
         prefill_query_starts=starts,
         prefill_query_lens=query_lens,

@@ -1,4 +1,14 @@
-"""The inference engine: requests in, one scheduled forward per `step`, results out."""
+"""The inference engine: requests in, one scheduled forward per `step`, results out.
+
+Async scheduling (SchedulerConfig.async_scheduling, on executors that fill placeholders: the
+simulated device): `launch` keeps one microbatch more in flight than the executor's depth,
+whose decodes continue those of the microbatch before it (scheduler.py, `ahead`). So the
+host schedules and builds step N+1, and processes step N's outputs, while the device runs.
+A sequence that step N ends (EOS, stop, length) or whose request was aborted is dropped
+from step N+1's results when they arrive; its blocks were freed when it ended. The slot
+step N+1 writes for it is past its last full block, so in no block the prefix cache can
+serve, and on one stream any later forward that reuses the block runs after that write.
+"""
 
 from __future__ import annotations
 
@@ -23,7 +33,7 @@ from tts_runtime.engine.request import CompletionOutput, RequestOutput, Sampling
 from tts_runtime.engine.scheduler import Scheduler
 from tts_runtime.engine.sequence import RequestGroup, Sequence, SequenceStatus
 from tts_runtime.engine.tiered_kv import TieredKV
-from tts_runtime.executor.batch import ModelOutput, SamplePlan
+from tts_runtime.executor.batch import PLACEHOLDER_TOKEN, ModelOutput, SamplePlan
 from tts_runtime.executor.build_executor import Executor, build_executor
 from tts_runtime.executor.kv_cache import KVAllocation, bytes_per_block
 from tts_runtime.executor.sampler import SamplingRow, child_seed, sample
@@ -124,11 +134,18 @@ class Engine(BlockingCalls):
                               f"{spec.model}; raise the KV memory budget")
         self.blocks = BlockManager(self.num_blocks, self.block_size, cache.enable_prefix_caching,
                                    usable_blocks=kv.usable if kv is not None else None)
-        self.scheduler = Scheduler(self.config.scheduler, self.blocks, self.config.parallel.pp_size)
         self.executor = executor or build_executor(self.loaded, self.config, self.num_blocks, kv)
+        # Only an executor that fills a placeholder input from its previous forward's sampled
+        # tokens declares `fills_placeholders` (the sim); with the others the engine stays synchronous.
+        self.async_scheduling = (self.config.scheduler.async_scheduling
+                                 and getattr(self.executor, "fills_placeholders", False))
+        self.scheduler = Scheduler(self.config.scheduler, self.blocks, self.config.parallel.pp_size,
+                                   ahead=self.async_scheduling, max_model_len=self.max_model_len)
         self.host_kv = TieredKV.attach(self.blocks, self.executor, cache,
                                        bytes_per_block(self.arch, self.block_size, self.dtype))
         self._in_flight: deque[_Microbatch] = deque()
+        # Async scheduling: each sampled sequence of the last launched microbatch -> its plan row.
+        self._last_plan_rows: dict[Sequence, int] = {}
         self._microbatches = 0
         self.stats = EngineStats()
         # Time with a forward of this engine in flight (launch to result), for busy fractions.
@@ -250,6 +267,7 @@ class Engine(BlockingCalls):
         if group is None:
             return 0
         self._count_prompt(group)
+        group.aborted = True
         self._aborted.append(group)
         self._stop_aborted()
         return sum(len(seq.output_token_ids) for seq in group.sequences)
@@ -307,8 +325,13 @@ class Engine(BlockingCalls):
         collects."""
         self.blocks.step = self.stats.steps
         launched = 0
-        while (limit is None or launched < limit) and len(self._in_flight) < self.executor.depth \
+        depth = self.executor.depth + (1 if self.async_scheduling else 0)
+        while (limit is None or launched < limit) and len(self._in_flight) < depth \
                 and self.executor.can_launch():
+            # The async slot is for decodes going ahead: a second microbatch of new work alone
+            # would only split batches (a PRM forward costs the same full or not).
+            if len(self._in_flight) >= self.executor.depth and not self.scheduler.ahead_decodes():
+                break
             started = time.perf_counter()
             batch = self.scheduler.schedule(self._microbatches)
             started = self.host_times.add("schedule", started)
@@ -319,8 +342,10 @@ class Engine(BlockingCalls):
             self._microbatches += 1
             model_input, layout = build_model_input(batch, self.block_size, self.device)
             plan = self._sample_plan(layout.sample_seqs)
+            if self.async_scheduling:
+                self._fill_from_previous(plan, layout.sample_seqs)
             for seq, _ in layout.chunks:
-                seq.in_flight = True
+                seq.in_flight += 1
             started = self.host_times.add("build_inputs", started)
             self.busy.start()
             launched_at = time.perf_counter()
@@ -354,11 +379,39 @@ class Engine(BlockingCalls):
         self.stats.forward_costs = self.stats.forward_costs.add(
             microbatch.decodes, microbatch.prefill_tokens, microbatch.finished_at - microbatch.launched_at)
         for seq, _ in microbatch.layout.chunks:
-            seq.in_flight = False
-        finished = self._process(microbatch.layout, output, microbatch.plan)
+            seq.in_flight -= 1
+        layout = microbatch.layout
+        if self.async_scheduling:
+            layout, output = self._drop_ended(layout, output)
+        finished = self._process(layout, output, microbatch.plan)
         self._stop_aborted()
         self.host_times.add("process", started)
         return finished
+
+    def _fill_from_previous(self, plan: SamplePlan, seqs: list[Sequence]) -> None:
+        """Decodes going ahead (in flight already) read the token their microbatch in flight
+        samples: their rows get a copy of their tokens ending in a placeholder (the executor
+        writes the token there, on its own thread) and point at the previous plan's row."""
+        previous = self._last_plan_rows
+        for row, seq in enumerate(seqs):
+            if seq.in_flight:
+                plan.rows[row] = SamplingRow(seq.group.params, [*seq.token_ids, PLACEHOLDER_TOKEN],
+                                             seq.num_prompt_tokens, seq.seed)
+                plan.filled_from.append((row, previous[seq]))
+        self._last_plan_rows = {seq: row for row, seq in enumerate(seqs)}
+
+    @staticmethod
+    def _drop_ended(layout: BatchLayout, output: ModelOutput) -> tuple[BatchLayout, ModelOutput]:
+        """Without the sequences that ended (or were aborted and stopped) after this microbatch
+        was launched ahead of their last one: their token here follows their end."""
+        if all(seq.status is not SequenceStatus.FINISHED for seq, _ in layout.chunks):
+            return layout, output
+        kept = [row for row, seq in enumerate(layout.sample_seqs) if seq.status is not SequenceStatus.FINISHED]
+        tokens = output.sampled_tokens
+        forks = tokens[len(layout.sample_seqs):]  # a forking prompt's children: never ahead
+        layout = BatchLayout([layout.sample_seqs[row] for row in kept], layout.score_targets,
+                             [(seq, n) for seq, n in layout.chunks if seq.status is not SequenceStatus.FINISHED])
+        return layout, ModelOutput(output.sample_logits, output.score_logits, [tokens[row] for row in kept] + forks)
 
     def _sample_plan(self, seqs: list[Sequence]) -> SamplePlan:
         """A row per sampled sequence, then, for each prompt that forks (n > 1), a row per

@@ -18,6 +18,13 @@ Under pipeline parallelism (pp_size > 1) up to pp microbatches are in flight. Mi
 k takes the decodes of lane k mod pp (engine/lanes.py); a sequence the engine marks
 `in_flight` is neither scheduled nor preempted until its microbatch completes. With
 pp_size 1 there is one lane holding every decode.
+
+With `ahead` (async scheduling, pp_size 1) a decode in flight is scheduled again for the
+next position while its microbatch runs: it computes the token that microbatch samples,
+which the executor fills in (its input here is unknown). Only a decode can go ahead (its
+in-flight chunk is exactly one sampled token), by one microbatch, never for a request its
+caller aborted nor when its in-flight token must end it by length; one that ends on EOS or
+a stop condition is dropped from the later microbatch by the engine.
 """
 
 from __future__ import annotations
@@ -59,10 +66,13 @@ BudgetPolicy = Callable[["Scheduler", int], TokenBudget]  # (scheduler, decodes 
 
 
 class Scheduler:
-    def __init__(self, config: SchedulerConfig, blocks: BlockManager, pp_size: int = 1) -> None:
+    def __init__(self, config: SchedulerConfig, blocks: BlockManager, pp_size: int = 1,
+                 ahead: bool = False, max_model_len: int | None = None) -> None:
         self.config = config
         self.blocks = blocks
         self.pp_size = pp_size
+        self.ahead = ahead
+        self.max_model_len = max_model_len
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.num_preemptions = 0
@@ -149,6 +159,8 @@ class Scheduler:
     def schedule(self, microbatch: int = 0) -> ScheduledBatch:
         """The batch for pipeline microbatch `microbatch` (any int; its lane is mod pp_size)."""
         decodes = self._lane_decodes(microbatch)
+        if self.ahead:
+            decodes += self.ahead_decodes()
         budget = self.budget_policy(self, len(decodes))
         batch = ScheduledBatch()
         decode_budget = budget.decode_tokens
@@ -230,12 +242,25 @@ class Scheduler:
                 return ready
         return []
 
+    def ahead_decodes(self) -> list[Sequence]:
+        """Decodes in flight that may be scheduled again now (async scheduling)."""
+        return [s for s in self.running if s.in_flight == 1 and s.is_decode and not s.group.aborted
+                and not self._ends_by_length(s)]
+
+    def _ends_by_length(self, seq: Sequence) -> bool:
+        """The token its microbatch in flight samples ends it by length (what the engine's
+        `_append_token` checks once it is appended)."""
+        tokens = seq.num_tokens + 1
+        return (tokens - seq.num_prompt_tokens >= seq.group.params.max_tokens
+                or (self.max_model_len is not None and tokens >= self.max_model_len))
+
     def _chunk(self, seq: Sequence, budget: int) -> int:
         limit = self.config.max_prefill_chunk or budget
         return min(seq.num_uncomputed_tokens, budget, limit)
 
     def _blocks_needed(self, seq: Sequence, new_tokens: int) -> int:
-        total = seq.num_computed_tokens + new_tokens
+        # A decode going ahead has one more token in flight, computed but not yet counted.
+        total = seq.num_computed_tokens + seq.in_flight + new_tokens
         return max(0, -(-total // self.blocks.block_size) - len(seq.block_table))
 
     def _reserve(self, seq: Sequence, new_tokens: int, batch: ScheduledBatch) -> bool:

@@ -31,9 +31,10 @@ class Sequence:
     # fixes every draw, so a batch can be sampled in any process with the same tokens.
     seed: int | None = None
     detokenizer: IncrementalDetokenizer | None = None
-    # Set by the engine while a launched microbatch holds this sequence: the scheduler then
-    # neither schedules it again nor preempts it (its KV is being read and written).
-    in_flight: bool = False
+    # Launched microbatches holding this sequence (the engine counts them): the scheduler
+    # neither preempts it nor schedules it again, except, with async scheduling, a decode in
+    # one microbatch, whose next decode is scheduled while this one runs (scheduler.py).
+    in_flight: int = 0
     # A running decode's pipeline lane: microbatch k runs the decodes of lane k mod pp_size.
     lane: int | None = None
 
@@ -74,6 +75,7 @@ class RequestGroup:
     sequences: list[Sequence] = field(default_factory=list)
     num_cached_prompt_tokens: int = 0
     prompt_looked_up: bool = False  # the scheduler has asked the prefix cache for the prompt
+    aborted: bool = False  # its caller dropped it: nothing more is scheduled ahead for it
     # Score requests: results per requested position, filled as chunks complete.
     score_rows: dict[int, list[float]] = field(default_factory=dict)
 

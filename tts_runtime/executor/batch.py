@@ -91,13 +91,23 @@ class ModelInput:
     score_rows: list[tuple[torch.Tensor, torch.Tensor]] = field(default_factory=list)
 
 
+# The input id of a decode scheduled while the microbatch sampling its token still runs
+# (async scheduling): the executor replaces it, and the last token of its sampling row.
+PLACEHOLDER_TOKEN = -1
+
+
 @dataclass
 class SamplePlan:
     """What to sample from a batch's logits: row `logit_rows[i]` of the sampled logits with
-    `rows[i]` (a forking prompt's children sample the parent's row once each)."""
+    `rows[i]` (a forking prompt's children sample the parent's row once each).
+
+    `filled_from`: (row, previous row) pairs, async scheduling: the token sampled for row
+    `previous row` of the previous microbatch's plan is this row's input (a decode's plan
+    row is its input row) and the last token of `rows[row].token_ids` (a placeholder)."""
 
     logit_rows: list[int]
     rows: list[SamplingRow]
+    filled_from: list[tuple[int, int]] = field(default_factory=list)
 
 
 @dataclass

@@ -10,6 +10,11 @@ and resolves the future then: waiting holds neither the GIL nor a core. The gene
 tokens are drawn by the executor (`samples = True`) from a token source; the PRM's score
 logits from a normal draw seeded by what is scored (below), so that a search's scores, like its
 tokens, do not depend on what else shares a batch and two runs of one search do the same work.
+
+Async scheduling: the engine may submit a decode whose input token is the one the previous
+forward samples (`SamplePlan.filled_from`). The device thread runs each executor's forwards
+in submission order, so that token is drawn, on the device side, before the forward that
+reads it, as a GPU's sampled-token buffer is written by the kernel before the next one.
 """
 
 from __future__ import annotations
@@ -100,12 +105,14 @@ class SimExecutor:
 
     depth = 1
     samples = True  # the token source picks the tokens; no logits are made
+    fills_placeholders = True  # async scheduling: see the module doc
 
     def __init__(self, device: SimDevice, costs: SimCosts, tokens: TokenSource, seed: int = 0) -> None:
         self.device = device
         self.costs = costs
         self.tokens = tokens
         self.seed = seed
+        self._last_tokens: list[int] = []  # the previous forward's drawn tokens (device thread only)
 
     def can_launch(self) -> bool:
         return True
@@ -114,7 +121,12 @@ class SimExecutor:
         return self.device.submit(self.costs.seconds(batch), lambda: self._output(batch, sample_plan))
 
     def _output(self, batch: ModelInput, plan: SamplePlan | None) -> ModelOutput:
-        tokens = [self.tokens.next_token(row) for row in plan.rows] if plan is not None else []
+        tokens = []
+        if plan is not None:
+            for row, previous in plan.filled_from:
+                plan.rows[row].token_ids[-1] = self._last_tokens[previous]
+            tokens = [self.tokens.next_token(row) for row in plan.rows]
+            self._last_tokens = tokens
         scores = self._score_logits(batch) if batch.score_rows else []
         return ModelOutput(torch.empty(0), scores, tokens)
 

@@ -1,0 +1,113 @@
+"""Async scheduling on the simulated device: step N+1 is scheduled and built while step N
+runs, and the results are exactly those of the synchronous engine: no token after a
+sequence's end, no block left behind, aborts mid-flight included."""
+
+from __future__ import annotations
+
+from tts_runtime.config import CacheConfig, EngineConfig, SchedulerConfig
+from tts_runtime.engine.engine import Engine
+from tts_runtime.engine.request import SamplingParams
+from tts_runtime.executor.sim import SimDevice, SimExecutor
+from tts_runtime.executor.sim_costs import SimCost, SimCosts
+from tts_runtime.executor.sim_profile import load_profile
+from tts_runtime.executor.sampler import SamplingRow
+from tts_runtime.executor.sim_tokens import ProfileTokens
+
+PROMPTS = ["The first five prime numbers are", "Once upon a time, in a small village by the sea,",
+           "To solve 3x + 5 = 20, we first", "1, 2, 3, 4,", "Let x be the number of apples. Then"]
+
+
+class _SeenRows(ProfileTokens):
+    """The profile's draws, remembering every sequence a token was drawn after."""
+
+    def __init__(self) -> None:
+        super().__init__(load_profile(), seed=3)
+        self.seen: list[tuple[int, ...]] = []
+
+    def next_token(self, row: SamplingRow) -> int:
+        self.seen.append(tuple(row.token_ids))
+        return super().next_token(row)
+
+
+def _engine(generator_model, async_scheduling: bool, num_blocks: int = 64) -> Engine:
+    # A small token budget and pool: chunked prefill and preemption happen.
+    config = EngineConfig(device="cpu", cache=CacheConfig(num_blocks=num_blocks, block_size=4),
+                          scheduler=SchedulerConfig(max_num_batched_tokens=24, async_scheduling=async_scheduling))
+    executor = SimExecutor(SimDevice(), SimCosts(SimCost(), SimCost()), _SeenRows())
+    return Engine(generator_model.name, config, loaded=generator_model, executor=executor)
+
+
+def _params(index: int) -> SamplingParams:
+    """Each request ends its own way: the step delimiter (a stop token), EOS or the length;
+    one forks into children."""
+    profile = load_profile()
+    stop = [profile.separator_token_id] if index % 2 else []
+    return SamplingParams(temperature=0.8, seed=index, max_tokens=12 + 7 * index, stop_token_ids=stop,
+                          n=3 if index == 1 else 1)
+
+
+def _run(engine: Engine, abort: str | None = None) -> dict[str, list]:
+    for i, prompt in enumerate(PROMPTS):
+        engine.add_request(f"r{i}", prompt, _params(i))
+    outputs, steps = {}, 0
+    while engine.has_unfinished_requests():
+        steps += 1
+        if steps == 6 and abort is not None:
+            engine.abort_request(abort)
+        for out in engine.step():
+            outputs[out.request_id] = [(c.token_ids, c.finish_reason) for c in out.completions]
+    while engine.num_in_flight:  # a microbatch launched ahead for sequences that have all ended
+        assert engine.collect() == []
+    return outputs
+
+
+def _assert_no_leak(engine: Engine) -> None:
+    blocks = engine.blocks
+    assert blocks.num_used_blocks == 0 and blocks.num_free_blocks == engine.num_blocks
+    assert not engine.scheduler.running and not engine.scheduler.waiting
+
+
+def test_async_gives_the_synchronous_outputs_and_runs_ahead(generator_model):
+    sync = _engine(generator_model, async_scheduling=False)
+    expected = _run(sync)
+    engine = _engine(generator_model, async_scheduling=True)
+    assert engine.async_scheduling
+    assert _run(engine) == expected
+    reasons = {reason for completions in expected.values() for _, reason in completions}
+    assert reasons >= {"stop", "length"}
+    # Decodes went ahead: two microbatches in flight at a launch, which the synchronous engine never has.
+    assert max(engine.stats.in_flight_at_launch) == 2 and max(sync.stats.in_flight_at_launch) == 1
+    # The executor drew each token after the same sequence as the synchronous engine: the
+    # placeholders were filled. The only extra draws follow a sequence's last token (dropped).
+    seen, extra = set(sync.executor.tokens.seen), set(engine.executor.tokens.seen) - set(sync.executor.tokens.seen)
+    assert seen <= set(engine.executor.tokens.seen)
+    ends = {load_profile().separator_token_id, *engine.eos_token_ids}
+    assert extra and all(tokens[-1] in ends for tokens in extra)
+    _assert_no_leak(engine)
+
+
+def test_ended_sequences_leak_no_token_and_no_block_under_preemption(generator_model):
+    sync = _engine(generator_model, async_scheduling=False, num_blocks=14)
+    expected = _run(sync)
+    engine = _engine(generator_model, async_scheduling=True, num_blocks=14)
+    assert _run(engine) == expected
+    assert engine.scheduler.num_preemptions and sync.scheduler.num_preemptions
+    for completions in expected.values():
+        for tokens, reason in completions:
+            if reason == "stop":  # nothing after the stop token
+                assert tokens[-1] == load_profile().separator_token_id
+    _assert_no_leak(engine)
+
+
+def test_a_request_aborted_in_flight_stops_and_frees_its_blocks(generator_model):
+    expected = _run(_engine(generator_model, async_scheduling=False), abort="r4")
+    engine = _engine(generator_model, async_scheduling=True)
+    assert _run(engine, abort="r4") == expected
+    assert "r4" not in expected
+    _assert_no_leak(engine)
+
+
+def test_the_local_executor_stays_synchronous(generator_model):
+    config = EngineConfig(device="cpu", scheduler=SchedulerConfig(async_scheduling=True))
+    engine = Engine(generator_model.name, config, loaded=generator_model)
+    assert not engine.async_scheduling
