@@ -122,6 +122,7 @@ def run_tts_side(config: SalDiffConfig, problems: list[Problem], out: Path) -> l
     folder = out / ("tts-sal-exact" if config.sal_exact else "tts") / config.backend
     if folder.exists():
         raise SystemExit(f"{folder} exists from an earlier check; remove it or pick another --out-dir")
+    folder.parent.mkdir(parents=True, exist_ok=True)
     _run(tts_command(config, problems, folder), folder.parent / f"{config.backend}.log")
     rows = (folder / completions_file("beam")).read_text(encoding="utf-8").splitlines()
     return [SideResult.from_row(json.loads(line)) for line in rows]
