@@ -13,6 +13,7 @@ from typing import Any
 from search.answers import extract_answer
 
 SNIPPET = 40  # characters shown on each side of where two texts part
+SHOWN = 6  # differences per problem in the markdown table (the JSON has all)
 
 
 @dataclass(frozen=True)
@@ -92,7 +93,10 @@ def report_markdown(diffs: Sequence[ProblemDiff], tolerance: float, header: Sequ
              f"{tolerance:g}).", "", "| problem | agree | max abs score difference | differences |",
              "|---|---|---|---|"]
     for diff in diffs:
-        found = "<br>".join(text.replace("|", "\\|").replace("\n", "\\n") for text in diff.differences) or "-"
+        shown = [text.replace("|", "\\|").replace("\n", "\\n") for text in diff.differences[:SHOWN]]
+        if len(diff.differences) > SHOWN:
+            shown.append(f"... {len(diff.differences) - SHOWN} more")
+        found = "<br>".join(shown) or "-"
         lines.append(f"| {diff.id} | {'yes' if diff.agree else 'no'} | {diff.max_score_delta:.2e} | {found} |")
     return "\n".join(lines) + "\n"
 

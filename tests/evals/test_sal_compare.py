@@ -59,6 +59,10 @@ def test_a_problem_missing_on_our_side_and_the_reports():
     assert markdown.startswith("# title\n\n1 of 2 problems agree (texts and preds equal, step scores within 0.0001).")
     assert "| test/algebra/2.json | no | 0.00e+00 | no result on the tts side |" in markdown
     assert report_json(diffs, 1e-4)["agree"] == 1
+    many = compare([_sal([DONE] * 8, [[0.5]] * 8, DONE)], [_ours([OTHER] * 8, [[0.5]] * 8, DONE)], 1e-4)
+    assert len(many[0].differences) == 8
+    assert report_markdown(many, 1e-4).count("completion ") == 6 and "... 2 more |" in report_markdown(many, 1e-4)
+    assert len(report_json(many, 1e-4)["per_problem"][0]["differences"]) == 8
 
 
 def test_options_are_one_line_errors(tmp_path):
