@@ -82,7 +82,8 @@ def sal_request(config: SalDiffConfig, problems: list[Problem], out: Path) -> Sa
                 "max_tokens": config.max_tokens, "temperature": 0.0, "seed": SAL_SEED,
                 "custom_chat_template": None, "filter_duplicates": True, "sort_completed": False,
                 "agg_strategy": "last", "lookahead": 0}
-    return SalRequest(str(Path(config.sal_repo).expanduser().resolve()), [str(Path(d).resolve()) for d in config.sal_deps],
+    deps = [str(Path(folder).expanduser().resolve()) for folder in config.sal_deps]
+    return SalRequest(str(Path(config.sal_repo).expanduser().resolve()), deps,
                       str(model_folder(config.generator)), str(model_folder(config.prm)), settings,
                       [{"id": p.id, "question": p.question} for p in problems], str(out / "sal_completions.jsonl"))
 
