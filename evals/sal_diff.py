@@ -59,7 +59,7 @@ class SalDiffConfig:
     # Both sides run the PRM in float32 on different kernels (HF transformers / ours or vLLM):
     # step probabilities then differ by rounding, ~1e-6 measured on the demo PRM.
     tolerance: float = option(1e-4, "Largest step-score difference counted as equal.")
-    out_dir: str = option("sal-diff", "Folder for both sides' outputs, logs and the report.")
+    out_dir: str = option("runs/sal-diff", "Folder for both sides' outputs, logs and the report.")
 
     def __post_init__(self) -> None:
         if not self.sal_repo:
