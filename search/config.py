@@ -24,7 +24,7 @@ DEFAULT_SEED = 42
 SAL_SEED = 0  # every search-and-learn recipe sets seed: 0
 # Each is one difference from search-and-learn (docs/semantics.md); None follows `sal_exact`.
 SAL_SWITCHES: tuple[str, ...] = ("sal_empty_step", "sal_whole_string", "sal_tie_order", "sal_uneven_n",
-                                 "sal_lookahead_unused")
+                                 "sal_lookahead_unused", "sal_retokenize")
 
 
 @dataclass(frozen=True)
@@ -107,6 +107,9 @@ class SearchConfig:
     sal_lookahead_unused: bool | None = option(None, "With --lookahead, rank by the beam's own score as "
                                                "search-and-learn's beam search does (it never scores its "
                                                "rollouts), so no rollouts are made.", panel="search-and-learn")
+    sal_retokenize: bool | None = option(None, "Continue a beam from its text re-encoded through the chat template, "
+                                         "as search-and-learn does, instead of from the tokens it sampled.",
+                                         panel="search-and-learn")
 
     def __post_init__(self) -> None:
         uneven_n = self.sal_exact if self.sal_uneven_n is None else self.sal_uneven_n

@@ -3,7 +3,8 @@
 A beam is `prompt_ids + step1_ids + step2_ids + ...` where each step's ids are exactly the
 tokens the generator sampled. The search never decodes and re-encodes earlier steps: a
 BPE tokenizer may split the joined text differently from how it was generated, which
-would both change what the model conditions on and break prefix-cache reuse.
+would both change what the model conditions on and break prefix-cache reuse. Only
+`sal_retokenize` does, because search-and-learn does (it sends vLLM the rendered text).
 """
 
 from __future__ import annotations
@@ -102,7 +103,29 @@ class PromptBuilder:
         return f"System:\n{self.system_prompt}\n\nUser:\n{question}\n\nAssistant:\n"
 
     def prompt_token_ids(self, question: str) -> list[int]:
-        text = self.prompt_text(question)
+        return self._encode(self.prompt_text(question))
+
+    def continuation_text(self, question: str, response: str) -> str:
+        """The prompt with `response` as the assistant's unfinished turn (search-and-learn's
+        `continue_final_message` rendering of a beam's text)."""
+        if self.has_chat_template:
+            messages = [
+                {"role": "system", "content": self.system_prompt},
+                {"role": "user", "content": question},
+                {"role": "assistant", "content": response},
+            ]
+            return self.tokenizer.apply_chat_template(messages, chat_template=self.template, tokenize=False,
+                                                      continue_final_message=True)
+        return self.prompt_text(question) + response
+
+    def continuation_token_ids(self, question: str, response: str) -> list[int]:
+        """search-and-learn's generator input for a beam (`sal_retokenize`): its text rendered
+        and encoded as one string, which may split differently from the sampled tokens (a
+        sampled "\n", "\n" is re-encoded as one "\n\n" token), so the model continues from
+        other ids."""
+        return self._encode(self.continuation_text(question, response))
+
+    def _encode(self, text: str) -> list[int]:
         return self._bos_prefix(text) + encode_text(self.tokenizer, text)
 
     def _bos_prefix(self, text: str) -> list[int]:

@@ -9,6 +9,7 @@ the runtime's next engine step, so concurrent problems land in the same batch.
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 from collections.abc import Sequence
 from typing import Any
 
@@ -60,6 +61,9 @@ class SearchSession:
         # Scores depend on the PRM and on how its input is laid out.
         whole = getattr(self.prm_format, "whole_string", False)
         self.prm_key = f"{runtime.prm.spec.model}:{self.format_name}" + (":whole-string" if whole else "")
+        if config.speculative_extension and config.sal_retokenize:
+            raise ConfigError("speculative extension continues beams from their sampled tokens, which "
+                              "sal_retokenize replaces; drop --speculative-extension or pass --no-sal-retokenize")
         if config.speculative_extension and runtime.backend != "native":
             raise ConfigError("speculative extension needs the native engine (it aborts requests and numbers "
                               "child seeds); drop --speculative-extension or use --backend native")
@@ -89,6 +93,8 @@ class EngineSteps:
     # -- generation ------------------------------------------------------------------
     async def expand(self, beams: list[Beam], iteration: int, *, width: int = 1,
                      to_eos: bool = False, greedy: bool = False) -> list[list[Beam]]:
+        if self.config.sal_retokenize:
+            beams = [self._retokenized(beam) for beam in beams]
         # Identical beams (refill copies) become one request with n children: the engine
         # prefills their shared ids once and forks.
         groups: dict[tuple[int, ...], list[int]] = {}
@@ -113,6 +119,14 @@ class EngineSteps:
                         completion.token_ids, completion.text, completion.finish_reason,
                         max_len=self._max_len))
         return children
+
+    def _retokenized(self, beam: Beam) -> Beam:
+        """The beam with search-and-learn's generator input (`sal_retokenize`): its text
+        rendered into the prompt and encoded as one string."""
+        if not beam.steps:
+            return beam
+        ids = self.session.prompts.continuation_token_ids(self.problem.question, beam.text)
+        return replace(beam, token_ids=ids)
 
     async def _expand_speculating(self, beams: list[Beam], groups: dict[tuple[int, ...], list[int]],
                                   iteration: int, to_eos: bool) -> list[list[Beam]]:

@@ -67,3 +67,15 @@ def test_bad_chat_template_is_one_line(tmp_path: Path) -> None:
 def test_the_search_session_uses_the_options(search_runtime) -> None:
     session = SearchSession(search_runtime, SearchConfig(system_prompt="Be brief.", chat_template=TEMPLATE))
     assert session.prompts.prompt_text(QUESTION) == f"[system] Be brief.\n[user] {QUESTION}\n[assistant] "
+
+
+def test_continuation_is_the_beam_text_rendered_and_encoded_whole(smollm) -> None:
+    """search-and-learn's generator input for a beam (`sal_retokenize`): the assistant turn
+    continued with the text, encoded as one string, so the step break is one "\\n\\n" token
+    even where the generator sampled "\\n", "\\n"."""
+    builder = PromptBuilder(smollm)
+    text = builder.continuation_text(QUESTION, "Add them.\n\n")
+    assert text == builder.prompt_text(QUESTION) + "Add them.\n\n"
+    ids = builder.continuation_token_ids(QUESTION, "Add them.\n\n")
+    assert ids == builder.prompt_token_ids(QUESTION) + smollm.encode("Add them.\n\n", add_special_tokens=False)
+    assert ids[-1:] == smollm.encode("\n\n", add_special_tokens=False) != smollm.encode("\n", add_special_tokens=False)

@@ -16,6 +16,7 @@ from search.answers import extract_answer
 from search.beam_search import keep, refill, unique_texts
 from search.beam_state import Beam, split_steps
 from search.driver import solve
+from search.prompts import encode_text
 from search.grading import grade, majority_pick, weighted_pick
 from search.problem import Problem
 from search.session import SearchSession
@@ -491,3 +492,40 @@ def test_step_cap_is_clipped_to_the_room_left(search_runtime, problems):
     near_end = Beam(root.token_ids + [root.token_ids[-1]] * (room - len(root.token_ids) - 5), root.prompt_len)
     assert steps._params(near_end, 0, 1, False).max_tokens == 5
     assert steps._params(near_end, 0, 1, True).max_tokens == 5
+
+
+def test_sal_retokenize_continues_a_beam_from_its_text_encoded_whole(search_runtime, problems):
+    """search-and-learn sends vLLM each beam's rendered text: a step sampled as "\n", "\n"
+    is continued from the one "\n\n" token the text encodes to (docs/semantics.md row 33);
+    tts continues from the sampled tokens unless `sal_retokenize`."""
+    tokenizer = search_runtime.generator.tokenizer
+
+    def child_of_sampled_step(**switch):
+        session = SearchSession(search_runtime, SearchConfig(temperature=0, max_step_tokens=4, **switch))
+        steps = session.steps_for(problems[0])
+        root = steps.root()
+        sampled = root.token_ids + encode_text(tokenizer, "Add them.") + encode_text(tokenizer, "\n") * 2
+        beam = Beam(sampled, root.prompt_len, ["Add them.\n\n"], [0.5])
+
+        async def main():
+            task = asyncio.ensure_future(steps.expand([beam], 1))
+            await search_runtime.drive(task)
+            return task.result()
+
+        [[child]] = asyncio.run(main())
+        return session, sampled, child
+
+    _, sampled, child = child_of_sampled_step()
+    assert child.token_ids[:len(sampled)] == sampled
+    session, sampled, child = child_of_sampled_step(sal_retokenize=True)
+    whole = session.prompts.continuation_token_ids(problems[0].question, "Add them.\n\n")
+    assert whole != sampled and whole[-1:] == encode_text(tokenizer, "\n\n")
+    assert child.token_ids[:len(whole)] == whole
+    assert child.steps[0] == "Add them.\n\n" and child.prompt_len == len(session.prompts.prompt_token_ids(
+        problems[0].question))
+
+
+def test_sal_retokenize_refuses_speculative_extension(search_runtime):
+    with pytest.raises(ConfigError, match="sal_retokenize") as info:
+        SearchSession(search_runtime, SearchConfig(sal_exact=True, speculative_extension=True))
+    assert "\n" not in str(info.value)
