@@ -34,9 +34,9 @@ Gemma's turn format (`<start_of_turn>user\\n…<end_of_turn>\\n<start_of_turn>mo
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections import OrderedDict
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from functools import lru_cache
 from typing import Any, ClassVar
 
 from search.prompts import SYSTEM_PROMPT, bos_ids, encode_text
@@ -153,13 +153,45 @@ class PRMFormat(ABC):
     # input turns each "\n\n" into a tag). tts reproduces it only under `sal_empty_step`.
     sal_scores_empty_step: ClassVar[bool] = False
     candidate_token_ids: tuple[int, ...]
+    # Whether `build_many` tokenizes its new pieces in one call (a format whose queries are
+    # not made of cached pieces has nothing to gain).
+    batch_tokenize: bool = True
 
     def __init__(self, tokenizer: Any) -> None:
         self.tokenizer = tokenizer
-        self._encode = lru_cache(maxsize=_PIECE_CACHE_SIZE)(self._encode_piece)
+        self._pieces_ids: OrderedDict[str, tuple[int, ...]] = OrderedDict()  # least recently used first
 
-    def _encode_piece(self, text: str) -> tuple[int, ...]:
-        return tuple(encode_text(self.tokenizer, text))
+    def _encode(self, text: str) -> tuple[int, ...]:
+        ids = self._pieces_ids.get(text)
+        if ids is None:
+            ids = tuple(encode_text(self.tokenizer, text))
+            self._remember(text, ids)
+        else:
+            self._pieces_ids.move_to_end(text)
+        return ids
+
+    def _remember(self, text: str, ids: tuple[int, ...]) -> None:
+        self._pieces_ids[text] = ids
+        if len(self._pieces_ids) > _PIECE_CACHE_SIZE:
+            self._pieces_ids.popitem(last=False)
+
+    def _encode_new(self, texts: Iterable[str]) -> None:
+        """Tokenize the pieces not cached yet in one batched call: a search builds hundreds
+        of queries per iteration, each with one new step, and a tokenizer call's own overhead
+        was most of the cost of tokenizing one step. The batched call encodes each text on
+        its own, exactly as `encode_text` does (tests/search/test_prompts_prm.py)."""
+        new = [text for text in dict.fromkeys(texts) if text not in self._pieces_ids]
+        if new:
+            for text, ids in zip(new, self.tokenizer(new, add_special_tokens=False)["input_ids"], strict=True):
+                self._remember(text, tuple(ids))
+
+    def build_many(self, question: str, prefixes: Sequence[Sequence[str]]) -> list[ScoreQuery]:
+        """`build` of each prefix, the pieces they have not shared with earlier queries
+        tokenized together first."""
+        if self.batch_tokenize:
+            self._encode_new(piece for steps in prefixes if steps
+                             for part in self._pieces(question, [step.strip() for step in steps]) for piece in part)
+        return [self.build(question, steps) for steps in prefixes]
 
     @abstractmethod
     def _pieces(self, question: str, steps: list[str]) -> tuple[list[str], list[str]]:
@@ -233,6 +265,7 @@ class MathShepherdFormat(PRMFormat):
         self.tag_id = encode_text(tokenizer, self.step_tag)[-1]
         # search-and-learn's tokenization (`sal_whole_string`): the whole input as one string.
         self.whole_string = whole_string
+        self.batch_tokenize = not whole_string
 
     def build(self, question: str, steps: Sequence[str]) -> ScoreQuery:
         """Piece by piece (prefix reuse), or as search-and-learn does: `tokenizer(text)` on the

@@ -101,12 +101,14 @@ def summarize(problem: Problem, beams: list[Beam], config: SearchConfig, counts:
     prediction = best.answer if best else None
     weighted = weighted_pick(candidates, config.vote_ties)  # type: ignore[arg-type]
     majority = majority_pick(candidates, config.vote_ties)  # type: ignore[arg-type]
+    # The three predictions are usually one answer: grade each distinct one once.
+    grades = {answer: grade(answer, problem.answer, config.grader) for answer in {prediction, weighted, majority}}
     return ProblemResult(
         id=problem.id, level=problem.level, subject=problem.subject, reference=problem.answer,
-        prediction=prediction, correct=grade(prediction, problem.answer, config.grader),
+        prediction=prediction, correct=grades[prediction],
         score=best.score if best else 0.0,
-        weighted_prediction=weighted, weighted_correct=grade(weighted, problem.answer, config.grader),
-        majority_prediction=majority, majority_correct=grade(majority, problem.answer, config.grader),
+        weighted_prediction=weighted, weighted_correct=grades[weighted],
+        majority_prediction=majority, majority_correct=grades[majority],
         beams=records, generated_tokens=counts.generated_tokens, prm_tokens=counts.prm_tokens,
         prm_cached_tokens=counts.prm_cached_tokens, prm_requests=counts.prm_requests,
         iterations=counts.iterations, completed_beams=counts.completed_beams, seconds=seconds,

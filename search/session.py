@@ -219,7 +219,7 @@ class EngineSteps:
             else:
                 known[prefix] = score
         for wave in _waves(missing):
-            queries = [session.prm_format.build(self.problem.question, list(prefix)) for prefix in wave]
+            queries = session.prm_format.build_many(self.problem.question, [list(prefix) for prefix in wave])
             outputs = await asyncio.gather(*(
                 session.runtime.submit_score(query.token_ids, query.score_params()) for query in queries))
             for prefix, query, output in zip(wave, queries, outputs):

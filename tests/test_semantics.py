@@ -83,6 +83,7 @@ def test_votes_weigh_last_step_scores_whatever_the_ranking_aggregation():
     assert result.prediction == "9" and result.score == 0.5  # ranked by min: 0.2, 0.5, 0.1
     assert result.weighted_prediction == "7" and result.weighted_correct
     assert result.majority_prediction == "7"
+    assert not result.correct and result.majority_correct  # graded once per distinct answer, each its own
     by_min = summarize(problem, beams, SearchConfig(aggregation="min", vote_aggregation="min"), StepCounts(), 1.0)
     assert by_min.weighted_prediction == "9"
 

@@ -84,6 +84,21 @@ def test_score_matches_hf_forward(prm_model, hf_reference, cached_prefix):
     assert torch.tensor(out.scores).sub(expected).abs().max().item() <= 1e-4
 
 
+def test_one_batch_mixing_logits_and_probability_scores(prm_model):
+    """Score rows of one forward go to each request in the form it asked for: raw logits
+    for return_logits, their softmax otherwise."""
+    tok = prm_model.tokenizer
+    ids = tok("Question: what is 7 * 8?\nStep 1: 56. Is this step correct? Answer:")["input_ids"]
+    candidates = [tok.convert_tokens_to_ids(t) for t in ["▁Yes", "▁No"]]
+    positions = [len(ids) - 3, len(ids) - 1]
+    engine = Engine(prm_model.name, EngineConfig(cache=CacheConfig(enable_prefix_caching=False)), loaded=prm_model)
+    logits, probs = engine.score([ids, ids], [ScoreParams(positions, candidates, return_logits=True),
+                                              ScoreParams(positions, candidates)])
+    assert torch.tensor(logits.scores).softmax(-1).sub(torch.tensor(probs.scores)).abs().max().item() <= 1e-6
+    assert torch.tensor(probs.scores).sum(-1).sub(1).abs().max().item() <= 1e-6
+    assert torch.tensor(logits.scores).sum(-1).sub(1).abs().max().item() > 1e-3
+
+
 def test_gemma_sliding_window_prefill_and_decode(prm_model, hf_reference):
     """A prompt longer than Gemma's 512-token window, prefilled in chunks, then decoded."""
     tok = prm_model.tokenizer

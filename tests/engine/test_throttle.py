@@ -162,6 +162,23 @@ def test_prefix_cached_tokens_do_not_count_as_waiting():
     assert batch.prefills == [(extended, 8), (same, 4)]
 
 
+def test_waiting_count_follows_the_prefix_cache_between_calls():
+    """The count is kept per waiting sequence between calls; it must still change the
+    moment the cache gains or loses one of the sequence's blocks."""
+    scheduler = make_scheduler(num_blocks=20)
+    shared = prompt(0, 16)
+    scheduler.add(request(1, shared + prompt(1, 8)))
+    assert scheduler.num_uncached_prefill_tokens() == 24
+    cache_prefix(scheduler.blocks, shared)  # 4 blocks cached: 16 tokens served
+    assert scheduler.num_uncached_prefill_tokens() == 8
+    # Taking every block evicts the cached ones (LRU): the tokens are uncached again.
+    taken = scheduler.blocks.allocate(20)
+    assert scheduler.num_uncached_prefill_tokens() == 24
+    scheduler.blocks.free(taken)
+    cache_prefix(scheduler.blocks, shared[:8])  # only the first two blocks come back
+    assert scheduler.num_uncached_prefill_tokens() == 16
+
+
 # -- #D and decode lanes ----------------------------------------------------------------
 def test_decodes_split_over_pp_microbatches_take_all_of_them():
     scheduler = make_scheduler(pp_size=3)

@@ -434,3 +434,34 @@ def test_trailing_empty_step_is_search_and_learns_last_input(smollm, name, sal_t
     assert _decode(tokenizer, fmt.build(QUESTION, steps).token_ids) == sal_text(tokenizer, QUESTION, SAL_TEXT[:-2])
     for other in ("math-shepherd", "math-shepherd-sal", "judge"):
         assert not PRM_FORMATS[other].sal_scores_empty_step
+
+
+# A search iteration's queries: every prefix of a beam, siblings sharing steps, one whole
+# new step, and the empty step search-and-learn scores after a trailing delimiter.
+WAVE = [STEPS[:1], STEPS[:2], STEPS[:3], STEPS, [STEPS[0], STEPS[2]], [*STEPS[:2], ""], ["ok"], [" x\n\n y "]]
+
+
+def _format_options(name: str) -> list[dict]:
+    return [{}, {"whole_string": True}] if name.startswith("math-shepherd") else [{}]
+
+
+@pytest.mark.parametrize("name", sorted(PRM_FORMATS))
+def test_batched_tokenization_gives_the_same_queries(tokenizer, name):
+    """`build_many` tokenizes a wave's new pieces in one call; every query must equal
+    `build` on a format that tokenized each piece on its own (a fresh instance, nothing
+    cached), token for token, in every format and in Math-Shepherd's whole-string mode."""
+    for options in _format_options(name):
+        batched = make_prm_format(name, tokenizer, **options)
+        many = batched.build_many(QUESTION, WAVE)
+        # A second wave reuses the first's pieces and adds new ones.
+        later = batched.build_many(QUESTION, [[*step, "Next step."] for step in WAVE[:3]])
+        for steps, query in [*zip(WAVE, many), *zip([[*s, "Next step."] for s in WAVE[:3]], later)]:
+            assert query == make_prm_format(name, tokenizer, **options).build(QUESTION, steps), (options, steps)
+
+
+@pytest.mark.parametrize("name", ["math-shepherd", "math-shepherd-sal"])
+def test_batched_tokenization_keeps_sentencepiece_piece_starts(sentencepiece_like, name):
+    steps = [["Step 1: 2+2?"], ["Step 1: 2+2?", "4 done"]]
+    fmt = make_prm_format(name, sentencepiece_like)
+    assert fmt.build_many("What is 2+2?", steps) == [make_prm_format(name, sentencepiece_like).build("What is 2+2?", s)
+                                                    for s in steps]

@@ -4,7 +4,9 @@ attention metadata) and remembers which output row belongs to which sequence."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from itertools import chain
 
+import numpy as np
 import torch
 
 from tts_runtime.engine.scheduler import ScheduledBatch
@@ -23,15 +25,32 @@ class BatchLayout:
 
 
 def _padded_tables(tables: list[list[int]], device: torch.device) -> torch.Tensor:
-    width = max((len(t) for t in tables), default=1) or 1
-    return torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.int32, device=device)
+    """The tables as rows of one zero-padded int32 tensor, filled through numpy in one
+    masked assignment: padding each Python list and converting the nested lists cost
+    9% of a simulated run's host time."""
+    if not tables:
+        return torch.tensor([], dtype=torch.int32, device=device)
+    lengths = np.fromiter(map(len, tables), dtype=np.int64, count=len(tables))
+    width = max(int(lengths.max()), 1)
+    padded = np.zeros((len(tables), width), dtype=np.int32)
+    padded[np.arange(width) < lengths[:, None]] = np.fromiter(
+        chain.from_iterable(tables), dtype=np.int32, count=int(lengths.sum()))
+    return torch.from_numpy(padded).to(device)
+
+
+def _chunk_slots(table: list[int], first: int, end: int, block_size: int) -> np.ndarray:
+    """KV slots of positions first..end-1 of a sequence whose blocks are `table`."""
+    positions = np.arange(first, end)
+    blocks = np.asarray(table[first // block_size: -(-end // block_size)], dtype=np.int64)
+    return blocks[positions // block_size - first // block_size] * block_size + positions % block_size
 
 
 def build_model_input(batch: ScheduledBatch, block_size: int,
                       device: torch.device) -> tuple[ModelInput, BatchLayout]:
     ids: list[int] = []
     positions: list[int] = []
-    slots: list[int] = []
+    slots: list[int] = []  # the decodes'; prefill chunks' slots go to `chunk_slots`
+    chunk_slots: list[np.ndarray] = []
     layout = BatchLayout()
     sample_rows: list[int] = []
     score_groups: dict[tuple[int, ...], tuple[list[int], list[tuple[Sequence, int]]]] = {}
@@ -56,7 +75,7 @@ def build_model_input(batch: ScheduledBatch, block_size: int,
         ids.extend(seq.token_ids[first:end])
         positions.extend(range(first, end))
         table = seq.block_table
-        slots.extend(table[p // block_size] * block_size + p % block_size for p in range(first, end))
+        chunk_slots.append(_chunk_slots(table, first, end, block_size))
         starts.append(start)
         query_lens.append(n)
         context_lens.append(end)
@@ -74,7 +93,7 @@ def build_model_input(batch: ScheduledBatch, block_size: int,
             layout.sample_seqs.append(seq)
 
     meta = AttentionMetadata(
-        slot_mapping=torch.tensor(slots, dtype=torch.long, device=device),
+        slot_mapping=torch.from_numpy(np.concatenate([np.asarray(slots, dtype=np.int64), *chunk_slots])).to(device),
         num_decodes=len(batch.decodes),
         decode_block_tables=_padded_tables([s.block_table for s in batch.decodes], device),
         decode_context_lens=torch.tensor([pos + 1 for pos in decode_positions],

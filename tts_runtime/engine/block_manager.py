@@ -76,6 +76,10 @@ class BlockManager:
         self._by_hash: dict[int, int] = {}
         self._prefetched: set[int] = set()  # hashes the prefetcher loaded, not looked up since
         self.stats = BlockStats()
+        # Bumped whenever a hash enters or leaves the device cache or the host tier: a
+        # read-only lookup (`num_cached_prefix_blocks`) answered at one version holds until
+        # the next bump, so a scheduler may reuse it instead of walking the chain again.
+        self.cache_version = 0
 
     # -- queries ---------------------------------------------------------------------
     @property
@@ -185,6 +189,7 @@ class BlockManager:
         block = self._blocks[block_id]
         block.block_hash, block.parent_hash, block.tokens = block_hash, parent_hash, tokens
         self._by_hash[block_hash] = block_id
+        self.cache_version += 1
         self._emit("swap_in", block_id, block_hash, nbytes=tier.block_bytes)
         return block_id
 
@@ -241,6 +246,7 @@ class BlockManager:
             return h
         block.block_hash, block.parent_hash, block.tokens = h, parent_hash, tokens
         self._by_hash[h] = block_id
+        self.cache_version += 1
         self._emit("cached", block_id, h)
         return h
 
@@ -277,6 +283,7 @@ class BlockManager:
             if copied:
                 self._emit("swap_out", block_id, block.block_hash, nbytes=self.host_tier.block_bytes)
         del self._by_hash[block.block_hash]
+        self.cache_version += 1
         block.block_hash, block.parent_hash, block.tokens = None, ROOT_HASH, ()
         self.stats.evictions += 1
 

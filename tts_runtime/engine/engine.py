@@ -467,10 +467,14 @@ class Engine(BlockingCalls):
 
     def _record_scores(self, targets: list[tuple[Sequence, int]], logits: torch.Tensor) -> None:
         values = logits.float()
-        probs = values.softmax(dim=-1)
-        for (seq, position), row_logits, row_probs in zip(targets, values.tolist(), probs.tolist()):
-            seq.group.score_rows[position] = row_logits if seq.group.params.return_logits else row_probs
-            self.stats.scored_positions += 1
+        # One conversion of the rows each target reads, not both matrices (a PRM step
+        # carries hundreds of rows).
+        wants_logits = [seq.group.params.return_logits for seq, _ in targets]
+        logit_rows = values.tolist() if any(wants_logits) else None
+        prob_rows = None if all(wants_logits) else values.softmax(dim=-1).tolist()
+        for row, ((seq, position), want_logits) in enumerate(zip(targets, wants_logits)):
+            seq.group.score_rows[position] = logit_rows[row] if want_logits else prob_rows[row]
+        self.stats.scored_positions += len(targets)
 
     def _apply_samples(self, seqs: list[Sequence], tokens: list[int]) -> None:
         """`tokens` in `_sample_plan`'s order: one per sequence, then the forks' children."""
