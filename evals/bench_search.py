@@ -15,19 +15,21 @@ import json
 import shlex
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from evals.baselines import HFModels, run_baseline
 from evals.bench import SideBySide
-from memory.split import MemoryConfig
+from memory.profile import format_bytes, size_option
+from memory.split import DEFAULT_CPU_BUDGET, MemoryConfig
 from search.config import SearchConfig
 from search.driver import run_search
 from search.problem import Problem
 from search.score_cache import ScoreCache
 from tts_runtime.cohost.runtime import Runtime
-from tts_runtime.config import EngineConfig, ModelSpec, ParallelConfig
+from tts_runtime.config import ConfigError, EngineConfig, ModelSpec, ParallelConfig, resolve_device
+from tts_runtime.executor.device_memory import device_memory_info
 from tts_runtime.runs.datasets import DatasetConfig, load_problems
 from tts_runtime.runs.environment import environment
 from tts_runtime.runs.metrics import EngineCounters, RunCounters, accuracy, throughput
@@ -126,6 +128,29 @@ def _vllm_variants(bench: SearchBench, problems: Sequence[Problem], config: Sear
     return variants, shutdown
 
 
+def _memory_for_every_runtime(bench: SearchBench) -> MemoryConfig:
+    """On CPU the bench's runtimes (tts; tts on torch's kernels; tts on vLLM and
+    search-and-learn's vLLM generator) live at once, each with the budget, and the kernel
+    commits their KV caches as they fill: together they must fit in the memory free now,
+    or the run is killed minutes in. The default budget is divided among them; a set one
+    that does not fit is a one-line error."""
+    if resolve_device("auto").type != "cpu":
+        return bench.memory
+    runtimes = 1 + bench.torch_kernels + 2 * bench.vllm
+    free = device_memory_info("cpu").free
+    if free is None:
+        return bench.memory
+    fitting = free * 3 // 4 // runtimes
+    if bench.memory.device_memory is None:
+        return replace(bench.memory, device_memory=min(DEFAULT_CPU_BUDGET, fitting))
+    if bench.memory.device_memory * runtimes > free:
+        raise ConfigError(f"this bench holds {runtimes} runtimes of --device-memory "
+                          f"{format_bytes(bench.memory.device_memory)} at once, more than the "
+                          f"{format_bytes(free)} of memory free; pass --device-memory "
+                          f"{size_option(fitting)} or less")
+    return bench.memory
+
+
 def _specs(bench: SearchBench) -> tuple[ModelSpec, ModelSpec]:
     return ModelSpec(bench.generator, bench.dtype), ModelSpec(bench.prm, bench.dtype)
 
@@ -141,6 +166,7 @@ def bench_search(bench: SearchBench, *, command: Sequence[str],
                  log: Callable[[str], None] = print) -> BenchReport:
     config = SearchConfig(**{**bench.config.to_dict(), "method": "beam"})
     problems = load_problems(DatasetConfig(dataset_path=bench.dataset_path, limit=bench.limit))
+    bench = replace(bench, memory=_memory_for_every_runtime(bench))
     log(f"loading models for {len(problems)} problems ...")
     runtime = Runtime(*_specs(bench), memory=bench.memory, parallel=bench.parallel)
     variants = {"tts": _logged(log, f"tts (problem batch {config.problem_batch})",

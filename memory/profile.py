@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import math
 import os
 import re
 import sys
@@ -177,3 +178,8 @@ class ProfileCache:
 
 def format_bytes(n: int) -> str:
     return f"{n / GiB:.2f} GiB" if abs(n) >= GiB else f"{n / MiB:.1f} MiB"
+
+
+def size_option(n: int) -> str:
+    """`n` bytes as --device-memory reads it, rounded down (to 0.1 GiB, or to MiB below 1 GiB)."""
+    return f"{math.floor(n / GiB * 10) / 10}GiB" if n >= GiB else f"{n // MiB}MiB"

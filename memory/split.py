@@ -23,7 +23,7 @@ import math
 from dataclasses import dataclass
 
 from memory.pool import ChunkLayout
-from memory.profile import GiB, MemoryProfile, format_bytes
+from memory.profile import GiB, MemoryProfile, format_bytes, size_option
 from tts_runtime.config import ConfigError
 from tts_runtime.options import option, parse_optional_size
 
@@ -34,7 +34,7 @@ _AUTO_BOUNDS = (0.05, 0.95)
 @dataclass(frozen=True)
 class MemoryConfig:
     device_memory: int | None = option(None, "Memory budget for both models, e.g. 6GiB (default: the GPU's, "
-                                       "8GiB on CPU).", parse=parse_optional_size)
+                                       "8GiB on CPU, less where less is free).", parse=parse_optional_size)
     utilization: float = option(0.9, "Share of the budget the runtime may use.", panel="Memory",
                                 flag="memory_utilization")
     policy: str = option("static", "static, auto (split from the profiles and the workload) or elastic (one KV "
@@ -139,6 +139,25 @@ def kv_budget(budget: int, utilization: float, generator: MemoryProfile, prm: Me
     return kv, non_torch
 
 
+def cpu_budget(config: MemoryConfig, budget: int, host_available: int,
+               generator: MemoryProfile, prm: MemoryProfile) -> int:
+    """On CPU the "device" is this machine's memory, and the KV caches are committed as
+    they fill: a budget whose KV does not fit in what is free ends in the kernel's
+    out-of-memory killer minutes into a run. The default budget shrinks to fit (KV at
+    most 3/4 of what is free); a budget the user set is an error naming one that fits."""
+    fixed = (generator.weights_bytes + prm.weights_bytes + generator.activation_bytes
+             + prm.activation_bytes + max(generator.non_torch_bytes, prm.non_torch_bytes))
+    fitting = int((fixed + host_available * 3 // 4) / config.utilization)
+    kv = int(budget * config.utilization) - fixed
+    if config.device_memory is None:
+        return min(budget, fitting)
+    if kv > host_available:
+        raise ConfigError(
+            f"--device-memory {format_bytes(budget)} gives the KV caches {format_bytes(kv)} but this machine has "
+            f"{format_bytes(host_available)} of memory free; pass --device-memory {size_option(fitting)} or less")
+    return budget
+
+
 def auto_fraction(generator: MemoryProfile, prm: MemoryProfile, workload: Workload | None) -> tuple[float, str]:
     """The PRM's share of the expected KV demand, and why."""
     if workload is None:
@@ -163,11 +182,15 @@ def _clamp(fraction: float) -> float:
 
 def plan_memory(config: MemoryConfig, generator: MemoryProfile, prm: MemoryProfile, *,
                 device_total: int | None = None, workload: Workload | None = None,
-                element_sizes: tuple[int, int] = (4, 4)) -> MemoryPlan:
+                element_sizes: tuple[int, int] = (4, 4), host_available: int | None = None) -> MemoryPlan:
     """Blocks for each model under the configured policy. `device_total`: the device's
     memory (NVML on GPU) when `config.device_memory` is not set; `element_sizes`: KV
-    element bytes of (generator, PRM), which an elastic pool's views need."""
+    element bytes of (generator, PRM), which an elastic pool's views need;
+    `host_available`: on CPU, the host memory still free once the weights are loaded,
+    which the KV caches must fit in (see cpu_budget)."""
     budget = config.device_memory or device_total or DEFAULT_CPU_BUDGET
+    if host_available is not None:
+        budget = cpu_budget(config, budget, host_available, generator, prm)
     kv, non_torch = kv_budget(budget, config.utilization, generator, prm)
     if config.policy == "static":
         fraction, reason = config.prm_fraction, f"PRM fraction {config.prm_fraction:.2f} as set"

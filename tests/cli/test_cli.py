@@ -65,9 +65,23 @@ def _one_line_error(result, fragment: str) -> None:
     (["bench", "search", "--dtype", "fp8"], "unknown dtype 'fp8'"),
     (["bench", "cohost", "--dtype", "int8"], "unknown dtype 'int8'"),
     (["bench", "cohost", "--linear-backend", "fast"], "unknown --linear-backend 'fast'"),
+    # More KV than this machine has free: an error now, not the out-of-memory killer later.
+    (["bench", "search", "--limit", "1", "--torch-kernels", "--device-memory", "100000GiB"],
+     "this bench holds 2 runtimes of --device-memory"),
 ])
 def test_bad_input_is_one_line(args, fragment, math500_path):
     _one_line_error(_invoke(args, TTS_DATA_DIR=str(math500_path.parents[1])), fragment)
+
+
+def test_a_cpu_budget_beyond_free_memory_is_one_line_after_loading(math500_path):
+    """The KV size needs the models' profiles, so this one comes after the loading line."""
+    result = _invoke(["beam", "--limit", "1", "--device", "cpu", "--device-memory", "100000GiB"],
+                     TTS_DATA_DIR=str(math500_path.parents[1]))
+    lines = result.output.strip().splitlines()
+    assert result.exit_code == 2 and "Traceback" not in result.output, result.output
+    assert lines[0].startswith("loading ") and len(lines) == 2
+    assert lines[1].startswith("error: --device-memory 100000.00 GiB gives the KV caches")
+    assert "of memory free; pass --device-memory" in lines[1]
 
 
 def test_missing_math500_says_how_to_point_at_a_copy(tmp_path):

@@ -108,6 +108,27 @@ def test_bad_memory_input_is_a_clear_error(profiles):
         plan_memory(MemoryConfig(device_memory=minimum - 2), gen, prm)
 
 
+
+def test_a_cpu_budget_beyond_free_memory_is_an_error_and_the_default_shrinks_to_fit(generator_model, prm_model,
+                                                                                     profiles):
+    """On CPU the KV caches are this machine's memory: more than is free would end in the
+    kernel's out-of-memory killer minutes later (a bench at the 8GiB default did)."""
+    gen, prm = profiles
+    fixed = gen.weights_bytes + prm.weights_bytes + gen.activation_bytes + prm.activation_bytes
+    free = 1 * GiB
+    with pytest.raises(ConfigError, match="has 1.00 GiB of memory free; pass --device-memory") as error:
+        plan_memory(MemoryConfig(device_memory=8 * GiB), gen, prm, host_available=free)
+    suggested = parse_size(str(error.value).split("--device-memory ")[-1].split()[0])
+    assert plan_memory(MemoryConfig(device_memory=suggested), gen, prm, host_available=free).kv_bytes <= free
+    default = plan_memory(MemoryConfig(), gen, prm, host_available=free)
+    assert default.budget_bytes < 8 * GiB and default.kv_bytes <= free * 3 // 4
+    assert plan_memory(MemoryConfig(), gen, prm, host_available=64 * GiB).budget_bytes == 8 * GiB
+    assert plan_memory(MemoryConfig(device_memory=2 * GiB), gen, prm, host_available=free).kv_bytes \
+        == int(2 * GiB * 0.9) - fixed  # a budget that fits is kept as given
+    # The runtime reads what this machine has free.
+    with pytest.raises(ConfigError, match="of memory free; pass --device-memory"):
+        Runtime(generator_model, prm_model, MemoryConfig(device_memory=1 << 50), CONFIG, profiles=profiles)
+
 # -- the elastic pool ------------------------------------------------------------------
 def _pool() -> tuple[ElasticKVPool, BlockManager, BlockManager]:
     """Four chunks of 96 bytes: 2 blocks of model a or 3 of model b each; b owns the top two."""

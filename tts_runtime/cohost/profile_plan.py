@@ -7,7 +7,7 @@ with memory/split.py; the CLI (tts_runtime/cli/models.py) prints the plan.
 from __future__ import annotations
 
 from memory.split import MemoryConfig, MemoryPlan, plan_memory
-from tts_runtime.cohost.runtime import device_total, profile_models
+from tts_runtime.cohost.runtime import device_total, host_available, profile_models
 from tts_runtime.config import EngineConfig, SchedulerConfig, resolve_device, resolve_dtype
 from tts_runtime.executor.kv_cache import element_size
 from tts_runtime.models.loader import load_model
@@ -23,4 +23,5 @@ def profile_plan(generator: str, prm: str, dtype: str, device: str, memory: Memo
     prm_loaded = load_model(prm, torch_dtype, dev)
     profiles = profile_models(gen_loaded, prm_loaded, config)
     size = element_size(torch_dtype)
-    return plan_memory(memory, *profiles, device_total=device_total(dev), element_sizes=(size, size))
+    return plan_memory(memory, *profiles, device_total=device_total(dev), element_sizes=(size, size),
+                       host_available=host_available(device))

@@ -41,6 +41,7 @@ from tts_runtime.executor.kv_cache import KVAllocation, bytes_per_block, element
 from tts_runtime.executor.layer_ops import packed_weight_bytes, resolved_linear_backend
 from tts_runtime.executor.pipeline.pipeline import PipelineGroup, StageModel
 from tts_runtime.executor.profiling_forward import EngineRole, profile_tokens, profiling_forward
+from tts_runtime.executor.sim import is_sim_device
 from tts_runtime.models.loader import LoadedModel, load_model
 from tts_runtime.paths import cache_root
 
@@ -70,7 +71,7 @@ def profile_one(loaded: LoadedModel, role: EngineRole, config: EngineConfig,
     key = {"model": loaded.name, "dtype": str(weight.dtype), "device": str(weight.device), "role": role,
            "tokens": tokens, "max_num_seqs": config.scheduler.max_num_seqs,
            "block_size": config.cache.block_size, "attention": config.attention_backend,
-           "linear": resolved_linear_backend(weight.device, config)}
+           "linear": resolved_linear_backend(weight.device, config, weight.dtype)}
     cached = cache.get(key) if cache is not None else None
     if cached is not None:
         return cached
@@ -92,6 +93,14 @@ def profile_one(loaded: LoadedModel, role: EngineRole, config: EngineConfig,
 def device_total(device: torch.device) -> int | None:
     """The GPU's total memory (NVML); None on CPU, where the user sets the budget."""
     return device_memory_info(device).total if device.type == "cuda" else None
+
+
+def host_available(device: str) -> int | None:
+    """On CPU, the host memory free now, which the KV caches must fit in; None on a GPU and
+    on the simulated device (its KV is a model's, not memory)."""
+    if is_sim_device(device) or resolve_device(device).type != "cpu":
+        return None
+    return device_memory_info("cpu").free
 
 
 def profile_models(generator: LoadedModel, prm: LoadedModel, config: EngineConfig) -> tuple[MemoryProfile, MemoryProfile]:
@@ -172,7 +181,8 @@ class Runtime:
         dtypes = (gen_loaded.dtype, prm_loaded.dtype)
         self.plan: MemoryPlan = plan_memory(
             self.memory, *self.profiles, device_total=device_total(dev), workload=workload,
-            element_sizes=(element_size(dtypes[0]), element_size(dtypes[1])))
+            element_sizes=(element_size(dtypes[0]), element_size(dtypes[1])),
+            host_available=host_available(self.engine_config.device))
         self.pool: ElasticKVPool | None = None
         self.elastic: ElasticPolicy | None = None
         self.pipeline: PipelineGroup | None = None
@@ -229,7 +239,8 @@ class Runtime:
         config = self.engine_config
         return {"name": self.backend, "attention_backend": config.attention_backend,
                 "cascade_attention": config.cascade_attention, "attention_bf16_dot": config.attention_bf16_dot,
-                "linear_backend": resolved_linear_backend(resolve_device(config.device), config),
+                "linear_backend": {name: resolved_linear_backend(resolve_device(config.device), config, engine.dtype)
+                                   for name, engine in self.engines.items()},
                 "cpu_fused_ops": config.cpu_fused_ops}
 
     def _start_vllm(self, specs: tuple[ModelSpec, ModelSpec], loaded: tuple[LoadedModel, LoadedModel],
