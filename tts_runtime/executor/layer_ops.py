@@ -69,9 +69,9 @@ class PrepackedLinear:
         return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
 
 
-def resolved_linear_backend(device: torch.device, config: EngineConfig) -> str:
-    """What `linear_backend` means on this device: "streamed", "prepacked", "onednn", "torch",
-    or "cuda" (cuBLAS through F.linear)."""
+def resolved_linear_backend(device: torch.device, config: EngineConfig, dtype: torch.dtype | None = None) -> str:
+    """What `linear_backend` means on this device for weights of `dtype` (None: fp32):
+    "streamed", "prepacked", "onednn", "torch", or "cuda" (cuBLAS through F.linear)."""
     if device.type == "cuda":
         return "cuda"
     backend = config.linear_backend
@@ -81,39 +81,44 @@ def resolved_linear_backend(device: torch.device, config: EngineConfig) -> str:
     if backend == "auto":
         if not torch.backends.mkldnn.is_available():
             return "torch"
-        return "streamed" if _fp32_stream_wins() else "onednn"
+        return "streamed" if auto_streams(dtype or torch.float32) else "onednn"
     return backend
 
 
-def _fp32_stream_wins() -> bool:
-    """Where `auto` streams: CPUs with AVX2 and FMA but no AVX-512, where the fp32 kernel
-    measured faster than oneDNN at decode's few rows (cpu_linear_fp32.MAX_ROWS; the larger
-    calls still go to oneDNN). With AVX-512 oneDNN's own kernels stay the default."""
-    return _fp32_kernel_applies() and not cpu_features.has("avx512f")
+def auto_streams(dtype: torch.dtype) -> bool:
+    """Where `auto` puts weights of `dtype` on tts's streamed kernels (their stream beside
+    the plain weight, which oneDNN serves the calls they do not take): bf16 on CPUs with
+    AVX512-BF16, where the kernel measured 1.36x oneDNN on beam-shaped decode and 1.4x on
+    search-and-learn-shaped search (docs/benchmarks/search_sal_settings.md); fp32 on CPUs
+    with AVX2 and FMA but no AVX-512, where the fp32 kernel measured faster than oneDNN at
+    decode's few rows (cpu_linear_fp32.MAX_ROWS; the larger calls still go to oneDNN).
+    With AVX-512, fp32 stays on oneDNN's own kernels."""
+    if dtype == torch.bfloat16:
+        return cpu_features.has("avx512_bf16")
+    return dtype == torch.float32 and _fp32_kernel_applies() and not cpu_features.has("avx512f")
 
 
 def packed_weight_bytes(model: nn.Module, samples: bool, device: torch.device, config: EngineConfig) -> int:
     """Bytes the prepacked and streamed backends add to a model's weights (packed copies):
     its projections, and the output layer where the engine samples."""
-    backend = resolved_linear_backend(device, config)
-    if backend not in ("prepacked", "streamed"):
-        return 0
     weights = [m.weight for m in model.layers.modules() if isinstance(m, nn.Linear)]
     if samples:
         weights.append(model.output_weight)
-    return sum(_packed_bytes(w, backend, config) for w in weights)
+    return sum(_packed_bytes(w, resolved_linear_backend(device, config, w.dtype), config) for w in weights)
 
 
 def _packed_bytes(weight: torch.Tensor, backend: str, config: EngineConfig) -> int:
-    """A prepacked copy; with `streamed`, an fp32 weight's stream (bf16 where
-    `linear_bf16_weights`) on top of oneDNN's copy for the calls beyond the kernel's rows,
-    except under `auto`, whose fallback is oneDNN on the plain weight."""
+    """A prepacked copy; with `streamed`, a bf16 weight's stream (its own size), an fp32
+    weight's stream (bf16 where `linear_bf16_weights`) on top of oneDNN's copy for the calls
+    beyond the kernel's rows, except under `auto`, whose fallback is oneDNN on the plain
+    weight."""
     size = weight.numel() * weight.element_size()
-    auto = config.linear_backend == "auto"
+    if backend not in ("prepacked", "streamed"):
+        return 0
     if backend == "prepacked" or weight.dtype != torch.float32 or not _fp32_kernel_applies():
-        return 0 if auto else size
+        return size
     stream = weight.numel() * (2 if config.linear_bf16_weights else 4)
-    return stream + (0 if auto else size)
+    return stream + (0 if config.linear_backend == "auto" else size)
 
 
 def _fp32_kernel_applies() -> bool:
@@ -133,7 +138,8 @@ def layer_ops(device: torch.device, config: EngineConfig, models: Sequence[nn.Mo
             return FUSED_OPS
         return EAGER_OPS
     ops = cpu_elementwise_ops() if config.cpu_fused_ops else EAGER_OPS
-    backend = resolved_linear_backend(device, config)
+    backends = {resolved_linear_backend(device, config, p.dtype) for model in models for p in model.parameters()}
+    backend = "streamed" if "streamed" in backends else resolved_linear_backend(device, config)
     if backend == "torch":
         return ops
     if backend == "onednn":
@@ -154,10 +160,11 @@ def streamed_linear(models: Sequence[nn.Module], fallback, bf16_weights: bool = 
     (with a warning) where neither can be built or the CPU lacks what they need."""
     dtypes = {p.dtype for model in models for p in model.parameters()}
     linear = fallback
-    if torch.float32 in dtypes:
+    # `auto` streams each dtype only where it wins (auto_streams); the others stay on the
+    # fallback quietly.
+    if torch.float32 in dtypes and not (auto and not auto_streams(torch.float32)):
         linear = _kernel_or(linear, "fp32", lambda: _fp32_streamed(models, fallback, bf16_weights))
-    # `auto` streams on AVX2 CPUs for the fp32 kernel; bf16 there stays on the fallback quietly.
-    if torch.bfloat16 in dtypes and not (auto and not cpu_features.has("avx512_bf16")):
+    if torch.bfloat16 in dtypes and not (auto and not auto_streams(torch.bfloat16)):
         linear = _kernel_or(linear, "bf16", lambda: _bf16_streamed(models, linear))
     return linear
 

@@ -11,7 +11,8 @@ import torch.nn.functional as F
 
 from tts_runtime import Engine, EngineConfig, ScoreParams, cpu_features
 from tts_runtime.executor.cpu.cpu_extensions import KernelUnavailable
-from tts_runtime.executor.layer_ops import PrepackedLinear, layer_ops, packed_weight_bytes
+from tts_runtime.executor.layer_ops import (PrepackedLinear, layer_ops, onednn_linear, packed_weight_bytes,
+                                            resolved_linear_backend)
 from tts_runtime.models.loader import load_model
 
 from tests.helpers import GENERATOR, PRM, question_prompts
@@ -127,6 +128,28 @@ def test_streamed_copies_are_counted_like_prepacked_ones(bf16_generator):
     assert packed_weight_bytes(model, True, CPU, streamed) == projections + model.output_weight.numel() * 2
     assert packed_weight_bytes(model, False, CPU, streamed) == projections
 
+
+
+def test_auto_streams_bf16_models_where_the_cpu_has_avx512_bf16(bf16_generator):
+    """`auto` is the fastest path this CPU has: tts's kernel for bf16 weights with
+    AVX512-BF16 (1.41x oneDNN on a search-and-learn-shaped search), beside the plain
+    weight (oneDNN serves what the kernel does not take); oneDNN elsewhere."""
+    from tts_runtime.executor.cpu.cpu_linear import StreamedLinear
+
+    model = bf16_generator.model
+    linear = layer_ops(CPU, EngineConfig(), [model]).linear
+    projections = sum(m.weight.numel() * 2 for m in model.layers.modules() if isinstance(m, torch.nn.Linear))
+    if not cpu_features.has("avx512_bf16"):
+        assert resolved_linear_backend(CPU, EngineConfig(), torch.bfloat16) == "onednn"
+        assert linear is onednn_linear and packed_weight_bytes(model, True, CPU, EngineConfig()) == 0
+        return
+    assert resolved_linear_backend(CPU, EngineConfig(), torch.bfloat16) == "streamed"
+    assert isinstance(linear, StreamedLinear) and linear.fallback is onednn_linear
+    assert packed_weight_bytes(model, True, CPU, EngineConfig()) == projections + model.output_weight.numel() * 2
+    proj = model.layers[0].mlp.down_proj
+    x = torch.randn(5, proj.weight.shape[1], generator=torch.Generator().manual_seed(5)).bfloat16()
+    _close_to_f_linear(linear(x, proj.weight, None), x, proj.weight)
+    assert id(proj.weight) in linear.packed_weight_ids
 
 def _candidate_scores(loaded, backend: str, prompts: list[list[int]]) -> torch.Tensor:
     """The engine's next-token distribution over a few candidates at every prompt position."""
