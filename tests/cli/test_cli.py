@@ -202,7 +202,14 @@ def test_cli_end_to_end_on_three_problems(tmp_path, math500_path):
     assert sum(level["problems"] for level in metrics["per_level"].values()) == 3
     speed = metrics["throughput"]
     assert speed["problems_per_s"] > 0 and speed["generator_tokens_per_s"] > 0 and speed["prm_tokens_per_s"] > 0
-    assert 0 < speed["prefix_hit_rate"]["generator"] < 1 and 0 < speed["score_cache"]["hit_rate"] < 1
+    # A problem's candidates share its question's blocks in the PRM; a beam that goes on
+    # past its first step is continued from its cached prefix. (Whether any does, and
+    # whether two candidates repeat a step for the score cache, depends on what is sampled.)
+    rates, cache = speed["prefix_hit_rate"], speed["score_cache"]
+    assert 0 < rates["prm"] < 1 and 0 <= rates["generator"] < 1
+    if any(len(beam["steps"]) > 1 for row in rows for beam in row["beams"]):
+        assert rates["generator"] > 0
+    assert cache["misses"] > 0 and cache["hit_rate"] == pytest.approx(cache["hits"] / (cache["hits"] + cache["misses"]))
     assert metrics["memory"]["plan"]["budget_bytes"] == 3 << 30
     assert "accuracy (best beam)" in done.stdout
 
