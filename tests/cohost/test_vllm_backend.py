@@ -83,6 +83,25 @@ def test_stop_strings_n_and_finish_reasons(vllm_generator, math_prompts):
 
 
 @needs_vllm
+def test_seeded_prompts_longer_than_a_steps_token_budget(generator_model, math_prompts):
+    """vLLM on CPU kills its engine when a seeded request's prefill is split over steps (a
+    CPU torch.Generator has no offset to rewind); the backend prefills whole prompts there."""
+    from tts_runtime.cohost.vllm_engine import VllmEngine
+
+    budget = 64
+    assert all(len(prompt) > budget for prompt in math_prompts)
+    config = EngineConfig(cache=CacheConfig(kv_cache_bytes=KV_BYTES),
+                          scheduler=SchedulerConfig(max_num_seqs=16, max_num_batched_tokens=budget))
+    engine = VllmEngine(generator_model.name, config, loaded=generator_model, kv_cache_bytes=KV_BYTES)
+    try:
+        params = [SamplingParams(temperature=0.8, seed=100 + i, max_tokens=8) for i in range(len(math_prompts))]
+        first = [out.completions[0].token_ids for out in engine.generate(math_prompts, params)]
+        again = [out.completions[0].token_ids for out in engine.generate(math_prompts, params)]
+    finally:
+        engine.shutdown()
+    assert first == again and all(len(tokens) == 8 for tokens in first)
+
+@needs_vllm
 def test_prm_scores_equal_the_native_engine(prm_model, vllm_prm, math500_path):
     from tts_runtime.runs.datasets import DatasetConfig, load_problems
     from search.prm import make_prm_format

@@ -236,6 +236,13 @@ class VllmEngine(BlockingCalls):
 
     def _start(self, vllm: Any, folder: str, name: str, kv_bytes: int) -> Any:
         scheduler = self.config.scheduler
+        # vLLM on CPU dies on a seeded request whose prefill is split over steps: discarding
+        # the partial prefill's token rewinds the request's torch.Generator, and a CPU one
+        # has no offset ("CPU Generator does not use offset"). Whole prefills avoid it, and
+        # vLLM then wants a step's token budget to hold the longest sequence.
+        whole_prefills = self.device.type == "cpu"
+        budget = max(scheduler.max_num_batched_tokens, self.max_model_len) if whole_prefills \
+            else scheduler.max_num_batched_tokens
         args = vllm.EngineArgs(
             model=folder, tokenizer=folder, hf_overrides={"architectures": [name]},
             dtype=str(self.dtype).removeprefix("torch."), seed=self.config.seed,
@@ -243,7 +250,7 @@ class VllmEngine(BlockingCalls):
             enable_prefix_caching=self.config.cache.enable_prefix_caching,
             kv_cache_memory_bytes=kv_bytes, max_model_len=self.max_model_len,
             max_num_seqs=scheduler.max_num_seqs,
-            max_num_batched_tokens=scheduler.max_num_batched_tokens, enable_chunked_prefill=True,
+            max_num_batched_tokens=budget, enable_chunked_prefill=not whole_prefills,
             enforce_eager=self.settings.enforce_eager)
         try:
             return vllm.LLMEngine.from_engine_args(args, stat_loggers=[_stat_logger_factory(self.stats)])
