@@ -60,3 +60,24 @@ def test_a_batch_without_decodes_keeps_an_empty_decode_table():
     assert model_input.meta.decode_block_tables.shape == (0,)
     assert model_input.meta.slot_mapping.tolist() == [8, 9, 10]
     assert model_input.sample_rows.tolist() == [2]
+
+
+def test_tables_follow_their_lists_from_step_to_step():
+    """The int32 mirror behind the padded tables copies only what a table grew by: a table
+    extended in place, one replaced by a new list (a preemption, a prefix hit) and one
+    replaced by a shorter list all read as their lists each step."""
+    grows = sequence(1, 6, [3, 7], computed=5)
+    replaced = sequence(2, 9, [5, 6, 2], computed=8)
+    assert _decode_tables([grows, replaced]) == [[3, 7, 0], [5, 6, 2]]
+    grows.block_table.extend([11] * 30)  # past the mirror's first capacity
+    grows.token_ids += [0] * 120
+    grows.num_computed_tokens = len(grows.token_ids) - 1
+    replaced.block_table = [9, 8, 1]
+    assert _decode_tables([grows, replaced]) == [[3, 7] + [11] * 30, [9, 8, 1] + [0] * 29]
+    replaced.block_table = [4]
+    replaced.token_ids, replaced.num_computed_tokens = replaced.token_ids[:3], 2
+    assert _decode_tables([replaced, grows])[0] == [4] + [0] * 31
+
+
+def _decode_tables(decodes: list[Sequence]) -> list[list[int]]:
+    return build_model_input(ScheduledBatch(decodes=decodes), BLOCK, CPU)[0].meta.decode_block_tables.tolist()

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 from tts_runtime.engine.detokenizer import IncrementalDetokenizer
 from tts_runtime.engine.request import FinishReason, SamplingParams, ScoreParams
+from tts_runtime.engine.table_mirror import TableMirror
 
 
 class SequenceStatus(enum.Enum):
@@ -23,6 +24,7 @@ class Sequence:
     index: int = 0  # child index within its request (n > 1)
     num_computed_tokens: int = 0
     block_table: list[int] = field(default_factory=list)
+    table_mirror: TableMirror = field(default_factory=TableMirror)  # block_table as int32, for batches
     # Chained hashes of this sequence's full blocks, in order (for registering new ones).
     block_hashes: list[int] = field(default_factory=list)
     status: SequenceStatus = SequenceStatus.WAITING
