@@ -133,13 +133,16 @@ class BlockManager:
             hashes.append(parent)
         return hashes
 
-    def acquire_cached_prefix(self, token_ids: list[int], max_blocks: int) -> tuple[list[int], list[int]]:
-        """Take references on the longest cached run of the first `max_blocks` full blocks.
+    def acquire_cached_prefix(self, token_ids: list[int], max_blocks: int,
+                              hashes: list[int] | None = None) -> tuple[list[int], list[int]]:
+        """Take references on the longest cached run of the first `max_blocks` full blocks;
+        `hashes`, where the caller has them already, are those blocks' chained hashes.
 
         Returns (block ids hit, chained hashes of all `max_blocks` blocks)."""
         if not self.enable_prefix_caching or max_blocks <= 0:
             return [], []
-        hashes = self.full_block_hashes(token_ids, max_blocks)
+        if hashes is None:
+            hashes = self.full_block_hashes(token_ids, max_blocks)
         hit_ids: list[int] = []
         bs = self.block_size
         for i, h in enumerate(hashes):

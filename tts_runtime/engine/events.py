@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Callable, Literal
+from typing import Callable, Literal, NamedTuple
 
 # hit/miss: a full prompt block looked up in the prefix cache; allocate: a block taken
 # from the free pool; cached: a block became full and its hash was registered; free: a
@@ -19,8 +18,11 @@ BlockEventKind = Literal["hit", "miss", "allocate", "cached", "free", "evict",
                          "swap_out", "swap_in", "host_hit", "host_drop", "swap_time"]
 
 
-@dataclass(frozen=True)
-class BlockEvent:
+class BlockEvent(NamedTuple):
+    """Immutable; a named tuple rather than a frozen dataclass, which takes ~1 us to build
+    against ~0.3 us: one event per block looked up, allocated or freed is 261k events in a
+    20-problem simulated beam search."""
+
     kind: BlockEventKind
     block_id: int
     # Chained hash of the block's tokens; None for a block not yet full (never cacheable).

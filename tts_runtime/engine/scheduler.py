@@ -312,7 +312,10 @@ class Scheduler:
         return True
 
     def _attach_cached_prefix(self, seq: Sequence) -> None:
-        hit_ids, hashes = self.blocks.acquire_cached_prefix(seq.token_ids, self._prefix_block_limit(seq))
+        # The phase policy hashed the waiting prompt already (_waiting_hashes): a PRM step
+        # admits hundreds of prompts, each hashed again before this.
+        hit_ids, hashes = self.blocks.acquire_cached_prefix(seq.token_ids, self._prefix_block_limit(seq),
+                                                            self._waiting_hashes(seq))
         seq.block_table = hit_ids
         seq.block_hashes = hashes[:len(hit_ids)]
         seq.num_computed_tokens = len(hit_ids) * self.blocks.block_size
