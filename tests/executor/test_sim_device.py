@@ -166,3 +166,21 @@ def test_sim_file_reads_a_bench_fit(tmp_path):
     path.write_text(json.dumps(report))
     costs = sim_costs_for(f"sim:{path}")
     assert costs.generator == SimCost(0.002, 1e-5, 0.0) and costs.prm == SimCost(0.01, 0.0, 2e-6)
+
+
+def test_a_forwards_cost_adds_every_term_of_its_batch():
+    """Two decodes at contexts 10 and 20 beside a 5-token prefill chunk ending at 12."""
+    import torch
+
+    from tts_runtime.executor.batch import AttentionMetadata
+
+    tables = torch.zeros(2, 2, dtype=torch.int32)
+    meta = AttentionMetadata(torch.zeros(7, dtype=torch.int64), 2, tables, torch.tensor([10, 20], dtype=torch.int32),
+                             [2], [5], [12], tables[:1], 16)
+    batch = ModelInput(torch.zeros(7, dtype=torch.int64), torch.zeros(7, dtype=torch.int64), meta,
+                       torch.tensor([0, 1, 6]))
+    cost = SimCost(fixed_seconds=1.0, seconds_per_decode=0.1, seconds_per_prefill_token=0.01,
+                   seconds_per_context_token=0.001, prefill_fixed_seconds=0.5)
+    assert cost.seconds(batch) == pytest.approx(1.0 + 0.5 + 2 * 0.1 + 5 * 0.01 + (10 + 20 + 12) * 0.001)
+    without_context = SimCost(fixed_seconds=1.0, seconds_per_decode=0.1, seconds_per_prefill_token=0.01)
+    assert without_context.seconds(batch) == pytest.approx(1.0 + 2 * 0.1 + 5 * 0.01)

@@ -40,12 +40,14 @@ class SimCost:
     def seconds(self, batch: ModelInput) -> float:
         meta = batch.meta
         prefill_tokens = sum(meta.prefill_query_lens)
-        context = sum(meta.prefill_context_lens)
-        if meta.num_decodes:
-            context += int(meta.decode_context_lens.sum())
-        return (self.fixed_seconds + (self.prefill_fixed_seconds if prefill_tokens else 0.0)
-                + meta.num_decodes * self.seconds_per_decode + prefill_tokens * self.seconds_per_prefill_token
-                + context * self.seconds_per_context_token)
+        seconds = (self.fixed_seconds + (self.prefill_fixed_seconds if prefill_tokens else 0.0)
+                   + meta.num_decodes * self.seconds_per_decode + prefill_tokens * self.seconds_per_prefill_token)
+        if self.seconds_per_context_token:  # a tensor sum per forward: not for the defaults, which have no such term
+            context = sum(meta.prefill_context_lens)
+            if meta.num_decodes:
+                context += int(meta.decode_context_lens.sum())
+            seconds += context * self.seconds_per_context_token
+        return seconds
 
 
 @dataclass(frozen=True)
