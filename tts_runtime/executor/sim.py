@@ -24,6 +24,7 @@ import queue
 import threading
 from bisect import bisect_right
 import time
+from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -48,11 +49,14 @@ def sim_costs_for(device: str) -> SimCosts:
     return SimCosts.from_file(Path(device[len(SIM) + 1:])) if device.startswith(SIM + ":") else SimCosts()
 
 
+_TIME_UP = object()
+
+
 @dataclass
 class _Forward:
     finish_at: float
     future: Future[ModelOutput]
-    compute: Callable[[], ModelOutput]  # run on the device thread before it sleeps
+    compute: Callable[[], ModelOutput]  # run on the device thread as the forward arrives
 
 
 class SimDevice:
@@ -76,16 +80,31 @@ class SimDevice:
         return future
 
     def _run(self) -> None:
-        while (forward := self._queue.get()) is not None:
+        """Computes each forward's output as it arrives, while the forwards before it are
+        still running, and resolves it at its finish time. The output (drawn tokens, score
+        logits) is the sim's own Python, holding the GIL: computed after the previous
+        forward's result, as the engine wakes to process it, it held the engine up (its
+        wait on a result ran 226 us past the finish time, median, and 863 us at the 90th
+        percentile, ~10% of a 20-problem run), time a GPU, which samples on the device,
+        does not charge the host."""
+        due: deque[tuple[_Forward, ModelOutput]] = deque()
+        while True:
+            timeout = max(0.0, due[0][0].finish_at - time.perf_counter()) if due else None
             try:
-                output = forward.compute()
-            except BaseException as exc:  # the engine sees it from future.result()
-                forward.future.set_exception(exc)
-                continue
-            delay = forward.finish_at - time.perf_counter()
-            if delay > 0:
-                time.sleep(delay)
-            forward.future.set_result(output)
+                forward = self._queue.get(timeout=timeout)
+            except queue.Empty:  # the first due forward's finish time came
+                forward = _TIME_UP
+            if forward is None:
+                return
+            if forward is not _TIME_UP:
+                try:
+                    due.append((forward, forward.compute()))
+                except BaseException as exc:  # the engine sees it from future.result()
+                    forward.future.set_exception(exc)
+            now = time.perf_counter()
+            while due and due[0][0].finish_at <= now:
+                finished, output = due.popleft()
+                finished.future.set_result(output)
 
 
 _devices: dict[str, SimDevice] = {}
