@@ -179,6 +179,24 @@ def test_waiting_count_follows_the_prefix_cache_between_calls():
     assert scheduler.num_uncached_prefill_tokens() == 16
 
 
+
+def test_admission_reuses_the_waiting_count_hashes_and_an_abort_drops_them():
+    """Admission looks the prompt up with the hashes the waiting count made (and is served
+    the cached blocks); a sequence finished while waiting leaves no memo behind."""
+    scheduler = make_scheduler(num_blocks=20)
+    shared = prompt(0, 16)
+    cache_prefix(scheduler.blocks, shared)
+    admitted, dropped = request(1, shared + prompt(1, 8)), request(2, shared + prompt(2, 8))
+    scheduler.add(admitted)
+    scheduler.add(dropped)
+    assert scheduler.num_uncached_prefill_tokens() == 16  # 8 + 8: both memoised
+    scheduler.waiting.remove(dropped)
+    scheduler.finish(dropped)
+    batch = scheduler.schedule()
+    assert batch.prefills == [(admitted, 8)]
+    assert admitted.num_computed_tokens == 16  # the 4 cached blocks served
+    assert scheduler._waiting_block_hashes == {} and scheduler._waiting_uncached == {}
+
 # -- #D and decode lanes ----------------------------------------------------------------
 def test_decodes_split_over_pp_microbatches_take_all_of_them():
     scheduler = make_scheduler(pp_size=3)

@@ -95,6 +95,9 @@ class Scheduler:
             self.running.remove(seq)
         self.blocks.free(seq.block_table)
         seq.block_table = []
+        # A sequence aborted while waiting leaves its lookup memos behind otherwise.
+        self._waiting_block_hashes.pop(seq.seq_id, None)
+        self._waiting_uncached.pop(seq.seq_id, None)
 
     @property
     def has_work(self) -> bool:
