@@ -46,3 +46,11 @@ def default_sigint() -> None:
     even where the test run itself ignores SIGINT (a job started in the background by a
     non-interactive shell, `nohup make test &`)."""
     signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+def ended_by_ctrl_c(returncode: int | None) -> bool:
+    """Exit code 130, or death by SIGINT: a shell reports both as 130. CPython ends a process that
+    handled a KeyboardInterrupt by re-raising SIGINT on itself when the interrupt first landed in
+    code run by `exec`/`eval` of a string (a dataclass being built during an import): that code
+    marks the interrupt "unhandled" and nothing clears the mark (bpo-1054041's exit via SIGINT)."""
+    return returncode in (130, -signal.SIGINT)

@@ -9,6 +9,7 @@ from typing import Any
 import typer
 from rich.console import Console
 
+from tts_runtime.cli import command_started
 from tts_runtime.config import ConfigError
 from tts_runtime.executor.pipeline.pipeline import PipelineFailure
 
@@ -20,6 +21,7 @@ def command(parent: typer.Typer, name: str, **options: Any) -> Callable[[Callabl
     def register(fn: Callable) -> Callable:
         @functools.wraps(fn)
         def run(*args: Any, **kwargs: Any) -> Any:
+            command_started()
             try:
                 return fn(*args, **kwargs)
             except ConfigError as exc:
