@@ -49,8 +49,8 @@ def default_sigint() -> None:
 
 
 def ended_by_ctrl_c(returncode: int | None) -> bool:
-    """Exit code 130, or death by SIGINT: a shell reports both as 130. CPython ends a process that
-    handled a KeyboardInterrupt by re-raising SIGINT on itself when the interrupt first landed in
-    code run by `exec`/`eval` of a string (a dataclass being built during an import): that code
-    marks the interrupt "unhandled" and nothing clears the mark (bpo-1054041's exit via SIGINT)."""
+    """Exit code 130, or death by SIGINT: a shell reports both as 130. Now and then CPython ends a
+    process whose code handled the KeyboardInterrupt and raised SystemExit(130) by re-raising SIGINT
+    on itself (bpo-1054041's exit for an unhandled Ctrl-C); seen when the interrupt landed inside a
+    lazy import or the model load, about one time in twenty."""
     return returncode in (130, -signal.SIGINT)
