@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import asyncio
 import math
+from dataclasses import replace
 
 import pytest
 
 from search import ScoreCache, SearchConfig, run_search
 from search.answers import extract_answer
 from search.beam_search import keep, refill, unique_texts
-from search.beam_state import Beam, split_steps
+from search.beam_state import Beam, split_steps, step_seed
 from search.driver import solve
 from search.prompts import encode_text
 from search.grading import grade, majority_pick, weighted_pick
@@ -114,6 +115,21 @@ def test_child_completion_rules():
     assert root.child([7] * 96, "long\n\n", "stop", **step).finish_reason is None
     child = root.child([7, 8], "a\n\n", "stop", **step)
     assert child.token_ids == [1, 2, 3, 7, 8] and child.generated_tokens == 2 and root.steps == []
+
+
+def test_a_childs_step_seed_is_keyed_by_its_whole_token_ids():
+    """The child continues its parent's running hash; the seed must be the one its token ids
+    alone give (a speculative step and a re-tokenized beam, built fresh, sample the same)."""
+    root = Beam(list(range(100, 1100)), 1000)
+    root.token_digest()  # the parent's hash is running when its children are made
+    step = dict(max_len=5000)
+    grandchild = root.child([7, 8], "a\n\n", "stop", **step).child([9] * 300, "b\n\n", "stop", **step)
+    fresh = Beam(list(grandchild.token_ids), 1000)
+    assert grandchild.token_digest() == fresh.token_digest() != root.token_digest()
+    assert step_seed(42, "p", 3, grandchild) == step_seed(42, "p", 3, fresh) != step_seed(42, "p", 3, root)
+    sibling = root.child([7, 9], "a\n\n", "stop", **step)  # the parent's hash is copied, not extended
+    assert sibling.token_digest() == Beam([*range(100, 1100), 7, 9], 1000).token_digest()
+    assert replace(grandchild, token_ids=[1, 2]).token_digest() == Beam([1, 2], 2).token_digest()
 
 
 # -- beam search -------------------------------------------------------------------------
