@@ -27,6 +27,8 @@ from functools import partial
 from typing import Any
 
 import search.driver
+import search.grading
+import search.qwen_grader
 from evals.bench import SideBySide, write_report
 from memory.split import MemoryConfig
 from search.config import SearchConfig
@@ -62,6 +64,9 @@ class HostBench:
     # forwards (CohostConfig.hide_driver) off and/or on, async scheduling
     # (SchedulerConfig.async_scheduling) off and/or on, every combination.
     hide_driver: Sequence[bool] = (False,)
+    # Both engines' forwards queued on the device's one stream (CohostConfig.overlap) off and/or
+    # on; not with hide_driver, which it replaces.
+    overlap: Sequence[bool] = (False,)
     async_scheduling: Sequence[bool] = (True,)  # the engine's default
     rounds: int = 1
     dataset_path: str | None = None
@@ -88,7 +93,12 @@ class _Timed:
 
 @contextmanager
 def _timed_grading(timer: _Timed):
-    """Grading is `summarize` (answer extraction, votes, grades) at each problem's end."""
+    """Grading is `summarize` (answer extraction, votes, grades) at each problem's end. Its
+    memos start empty, as in a real run: a variant run after another would find every answer."""
+    for module in (search.grading, search.qwen_grader):
+        for memoised in vars(module).values():
+            if hasattr(memoised, "cache_clear"):
+                memoised.cache_clear()
     original = search.driver.summarize
     search.driver.summarize = timer.wrap(original)
     try:
@@ -98,9 +108,9 @@ def _timed_grading(timer: _Timed):
 
 
 def measure(bench: HostBench, models: tuple[LoadedModel, LoadedModel], problems: Sequence[Problem],
-            problem_batch: int, hide_driver: bool, async_scheduling: bool) -> dict[str, Any]:
+            problem_batch: int, hide_driver: bool, overlap: bool, async_scheduling: bool) -> dict[str, Any]:
     """One run on a fresh runtime (a cold prefix cache, as in a real run)."""
-    cohost = CohostConfig(phase_policy=bench.phase_policy, hide_driver=hide_driver)
+    cohost = CohostConfig(phase_policy=bench.phase_policy, hide_driver=hide_driver, overlap=overlap)
     engine_config = EngineConfig(device=bench.device, cohost=cohost,
                                  scheduler=SchedulerConfig(async_scheduling=async_scheduling))
     runtime = Runtime(*models, memory=bench.memory, engine_config=engine_config)
@@ -139,7 +149,7 @@ def measure(bench: HostBench, models: tuple[LoadedModel, LoadedModel], problems:
         }
     driver = wall - stepping.seconds - grading.seconds
     return {
-        "problems": len(results), "problem_batch": problem_batch, "hide_driver": hide_driver,
+        "problems": len(results), "problem_batch": problem_batch, "hide_driver": hide_driver, "overlap": overlap,
         "async_scheduling": async_scheduling, "seconds": wall,
         "problems_per_min": 60 * len(results) / wall,
         "ceiling_problems_per_min": 60 * len(results) / ceiling if ceiling else 0.0,
@@ -158,7 +168,7 @@ def _row(m: dict[str, Any]) -> dict[str, Any]:
         + m["grading_seconds"]
     return {
         "problems": m["problems"], "batch": m["problem_batch"], "hide driver": m["hide_driver"],
-        "async": m["async_scheduling"], "problems/min": m["problems_per_min"],
+        "overlap": m["overlap"], "async": m["async_scheduling"], "problems/min": m["problems_per_min"],
         "ceiling/min": m["ceiling_problems_per_min"], "device busy": m["device_busy_fraction"],
         "gen busy": gen["busy_fraction"], "PRM busy": prm["busy_fraction"],
         "host share": host / wall,
@@ -171,7 +181,7 @@ def _row(m: dict[str, Any]) -> dict[str, Any]:
 
 def _phase_rows(m: dict[str, Any]) -> list[dict[str, Any]]:
     return [{"problems": m["problems"], "batch": m["problem_batch"], "hide driver": m["hide_driver"],
-             "async": m["async_scheduling"], "engine": name,
+             "overlap": m["overlap"], "async": m["async_scheduling"], "engine": name,
              "steps": e["steps"],
              **{f"{p} ms": e[f"{p}_ms_per_step"] for p in PHASES}} for name, e in m["engines"].items()]
 
@@ -180,7 +190,7 @@ def _logged(log: Callable[[str], None], measure_one: Callable[[], dict]) -> Call
     def run() -> dict:
         m = measure_one()
         log(f"{m['problems']} problems, batch {m['problem_batch']}, hide_driver {m['hide_driver']}, "
-            f"async_scheduling {m['async_scheduling']}: "
+            f"overlap {m['overlap']}, async_scheduling {m['async_scheduling']}: "
             f"{m['problems_per_min']:.1f} problems/min, ceiling {m['ceiling_problems_per_min']:.1f}, "
             f"device busy {m['device_busy_fraction']:.0%}")
         return m
@@ -196,9 +206,10 @@ def bench_host(bench: HostBench, command: str, log: Callable[[str], None] = prin
         problems = load_problems(DatasetConfig(dataset_path=bench.dataset_path, limit=limit))
         for batch in bench.problem_batches:
             side = SideBySide(f"{limit}x{batch}")
-            variants = {f"hide_driver={hide},async={ahead}":
-                        _logged(log, partial(measure, bench, models, problems, batch, hide, ahead))
-                        for hide in bench.hide_driver for ahead in bench.async_scheduling}
+            variants = {f"hide_driver={hide},overlap={overlap},async={ahead}":
+                        _logged(log, partial(measure, bench, models, problems, batch, hide, overlap, ahead))
+                        for hide in bench.hide_driver for overlap in bench.overlap
+                        for ahead in bench.async_scheduling if not (hide and overlap)}
             side.run(variants, bench.rounds)
             measured += [m for runs in side.runs.values() for m in runs]
             medians.append({"problems": limit, "problem_batch": batch,
@@ -244,6 +255,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--phase-policy", default="batched")
     parser.add_argument("--hide-driver", choices=("off", "on", "both"), default="off",
                         help="both: off and on side by side, alternating")
+    parser.add_argument("--overlap", choices=("off", "on", "both"), default="off",
+                        help="both: off and on side by side, alternating (never with --hide-driver on)")
     parser.add_argument("--async-scheduling", choices=("off", "on", "both"), default="on",
                         help="both: off and on side by side, alternating")
     parser.add_argument("--rounds", type=int, default=1, help="alternating rounds; medians")
@@ -253,6 +266,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     switch = {"off": (False,), "on": (True,), "both": (False, True)}
     bench = HostBench(limits=args.limits, problem_batches=args.problem_batches, device=args.device,
                       phase_policy=args.phase_policy, rounds=args.rounds, hide_driver=switch[args.hide_driver],
+                      overlap=switch[args.overlap],
                       async_scheduling=switch[args.async_scheduling],
                       dataset_path=args.dataset_path, stem=args.stem)
     bench_host(bench, shlex.join(["python", "-m", "evals.bench_host", *(argv or sys.argv[1:])]))

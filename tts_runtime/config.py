@@ -178,7 +178,8 @@ class CohostConfig:
     the generator until its unfinished sequences fall to `generator_low_water` or the PRM's
     uncached pending tokens reach `prm_buffer_tokens`; then the PRM until it is drained or
     the generator's unfinished sequences reach `generator_buffer_seqs`. `overlap` runs the
-    two engines' forwards at the same time (CPU: a worker process each; CUDA: a stream each);
+    two engines' forwards at the same time (CPU: a worker process each; CUDA: a stream each; the
+    simulated device: both queued on its one stream, the generator's behind the PRM's);
     with both, the generator decodes in every step and the phases only batch the PRM.
     `auto` is batched on a GPU and alternate elsewhere (`resolve_phase_policy`)."""
 
@@ -191,7 +192,8 @@ class CohostConfig:
     generator_buffer_seqs: int = option(256, "batched: back to the generator once this many sequences wait for "
                                         "it.", panel="Co-hosting")
     overlap: bool = option(False, "Run the generator's and the PRM's forwards at the same time (a worker process "
-                           "each on CPU, a CUDA stream each on GPU).", panel="Co-hosting")
+                           "each on CPU, a CUDA stream each on GPU; on --device sim, queued on its one stream).",
+                           panel="Co-hosting")
     # Launch each step's forwards before the searches woken by the last step run, so their
     # host work (search logic, score cache, grading) hides behind the device; their new
     # requests join the step after (docs/benchmarks/host.md).

@@ -149,6 +149,41 @@ def test_hidden_driver_runs_the_search_to_the_end(generator_model, prm_model, ma
     assert all(r.beams for r in results)
 
 
+def test_overlap_queues_both_engines_on_the_one_device_and_searches_the_same(generator_model, prm_model,
+                                                                               math500_path):
+    """Under --overlap the generator's next microbatches queue behind the PRM's forward on the
+    simulated device's one stream; tokens and scores do not depend on batch company, so every
+    search ends exactly as without overlap."""
+    from memory.split import MemoryConfig
+    from search.config import SearchConfig
+    from search.driver import run_search
+    from tts_runtime.cohost.runtime import Runtime
+    from tts_runtime.config import CohostConfig
+    from tts_runtime.runs.datasets import DatasetConfig, load_problems
+
+    problems = load_problems(DatasetConfig(dataset_path=str(math500_path), limit=4))
+    runs = {}
+    for overlap in (False, True):
+        config = EngineConfig(device="sim", cohost=CohostConfig(phase_policy="batched", overlap=overlap))
+        runtime = Runtime(generator_model, prm_model, memory=MemoryConfig(device_memory=4 << 30), engine_config=config)
+        generator_launch, prm_in_flight = runtime.generator.launch, []
+
+        def launch(*args, runtime=runtime, generator_launch=generator_launch, **kwargs) -> int:
+            launched = generator_launch(*args, **kwargs)
+            if launched:
+                prm_in_flight.append(runtime.prm.num_in_flight)
+            return launched
+
+        runtime.generator.launch = launch
+        try:
+            results = run_search(runtime, problems, SearchConfig(num_iterations=6, problem_batch=4))
+        finally:
+            runtime.shutdown()
+        runs[overlap] = ([{**r.to_dict(), "seconds": 0} for r in results], max(prm_in_flight))
+    assert runs[True][0] == runs[False][0]
+    assert runs[False][1] == 0 and runs[True][1] > 0
+
+
 def test_hidden_driver_and_overlap_are_exclusive():
     from tts_runtime.config import CohostConfig, ConfigError
 

@@ -5,7 +5,8 @@ helpers). One driver steps the engines while any future is pending, so requests 
 in-flight search share the engines' batches. Which engine steps when is the phase policy's
 choice (tts_runtime/cohost/phases.py: alternate every step, or Seesaw-style batched phases); with
 `overlap` both engines' forwards run at once (tts_runtime/cohost/overlap.py: a worker process each
-on CPU, a CUDA stream each on a GPU, both models' microbatches in one pipeline under pp > 1).
+on CPU, a CUDA stream each on a GPU, both models' microbatches in one pipeline under pp > 1,
+both queued behind each other on the simulated device, as on one GPU stream).
 
 Memory: both models are profiled (weights, peak activations of a forward at the token
 budget, non-torch), the budget left for KV is split by the memory policy (memory/split.py),
@@ -215,9 +216,9 @@ class Runtime:
                                     num_blocks=self.plan.generator_blocks, executor=self.pipeline.executor(GENERATOR))
             self.prm = Engine(prm_spec, self.engine_config, loaded=prm_loaded, num_blocks=self.plan.prm_blocks,
                               executor=self.pipeline.executor(PRM))
-        elif self.cohost.overlap:
+        elif self.cohost.overlap and not is_sim_device(self.engine_config.device):
             self._start_overlapped((gen_spec, prm_spec), (gen_loaded, prm_loaded), dev)
-        else:
+        else:  # on the simulated device overlap queues both engines' forwards on its one stream
             self.generator = Engine(gen_spec, self.engine_config, loaded=gen_loaded,
                                     num_blocks=self.plan.generator_blocks)
             self.prm = Engine(prm_spec, self.engine_config, loaded=prm_loaded, num_blocks=self.plan.prm_blocks)
