@@ -201,9 +201,6 @@ class CohostConfig:
                                "hiding it behind the device.", panel="Co-hosting")
 
     def __post_init__(self) -> None:
-        if self.hide_driver and self.overlap:
-            raise ConfigError("--hide-driver launches and collects each engine in the driver's loop; "
-                              "--overlap steps them in workers: use one of the two")
         if self.phase_policy not in PHASE_POLICIES:
             raise ConfigError(f"unknown phase policy '{self.phase_policy}'; choose "
                               f"{', '.join(PHASE_POLICIES[:-1])} or {PHASE_POLICIES[-1]}")

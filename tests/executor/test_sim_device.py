@@ -152,8 +152,9 @@ def test_hidden_driver_runs_the_search_to_the_end(generator_model, prm_model, ma
 def test_overlap_queues_both_engines_on_the_one_device_and_searches_the_same(generator_model, prm_model,
                                                                                math500_path):
     """Under --overlap the generator's next microbatches queue behind the PRM's forward on the
-    simulated device's one stream; tokens and scores do not depend on batch company, so every
-    search ends exactly as without overlap."""
+    simulated device's one stream (with --hide-driver as well, both engines launch before the
+    woken searches run); tokens and scores do not depend on batch company, so every search ends
+    exactly as without either."""
     from memory.split import MemoryConfig
     from search.config import SearchConfig
     from search.driver import run_search
@@ -163,8 +164,9 @@ def test_overlap_queues_both_engines_on_the_one_device_and_searches_the_same(gen
 
     problems = load_problems(DatasetConfig(dataset_path=str(math500_path), limit=4))
     runs = {}
-    for overlap in (False, True):
-        config = EngineConfig(device="sim", cohost=CohostConfig(phase_policy="batched", overlap=overlap))
+    for overlap, hide_driver in ((False, False), (True, False), (True, True)):
+        cohost = CohostConfig(phase_policy="batched", overlap=overlap, hide_driver=hide_driver)
+        config = EngineConfig(device="sim", cohost=cohost)
         runtime = Runtime(generator_model, prm_model, memory=MemoryConfig(device_memory=4 << 30), engine_config=config)
         generator_launch, prm_in_flight = runtime.generator.launch, []
 
@@ -179,16 +181,10 @@ def test_overlap_queues_both_engines_on_the_one_device_and_searches_the_same(gen
             results = run_search(runtime, problems, SearchConfig(num_iterations=6, problem_batch=4))
         finally:
             runtime.shutdown()
-        runs[overlap] = ([{**r.to_dict(), "seconds": 0} for r in results], max(prm_in_flight))
-    assert runs[True][0] == runs[False][0]
-    assert runs[False][1] == 0 and runs[True][1] > 0
-
-
-def test_hidden_driver_and_overlap_are_exclusive():
-    from tts_runtime.config import CohostConfig, ConfigError
-
-    with pytest.raises(ConfigError, match="--hide-driver"):
-        CohostConfig(hide_driver=True, overlap=True)
+        runs[overlap, hide_driver] = ([{**r.to_dict(), "seconds": 0} for r in results], max(prm_in_flight))
+    alone, overlapped, hidden = runs.values()
+    assert overlapped[0] == alone[0] and hidden[0] == alone[0]
+    assert alone[1] == 0 and overlapped[1] > 0
 
 
 def test_sim_file_reads_a_bench_fit(tmp_path):

@@ -18,6 +18,7 @@ those results queue their next requests before the next step.
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import replace
@@ -92,7 +93,7 @@ class OverlapStepper:
     def step(self, chosen: list[str]) -> list[tuple[str, list[RequestOutput]]]:
         """Launch what `chosen` engines can, then complete one microbatch (of any engine with
         one in flight): [(engine name, its finished requests)]."""
-        self._fill(chosen)
+        self.fill(chosen)
         heads = {name: engine.oldest_in_flight() for name, engine in self.engines.items()
                  if engine.num_in_flight}
         if not heads:
@@ -100,11 +101,14 @@ class OverlapStepper:
             if stuck:
                 raise RuntimeError(f"{' and '.join(stuck)} made no progress with requests pending")
             return []
+        started = time.perf_counter()
         wait(heads.values(), return_when=FIRST_COMPLETED)
         name = next(name for name, future in heads.items() if future.done())
-        return [(name, self.engines[name].collect())]
+        engine = self.engines[name]
+        engine.host_times.add("wait", started)  # as its own collect counts a wait for its result
+        return [(name, engine.collect())]
 
-    def _fill(self, chosen: list[str]) -> None:
+    def fill(self, chosen: list[str]) -> None:
         """One microbatch per engine in turn, so neither takes every slot of a shared pipeline."""
         launched = True
         while launched:

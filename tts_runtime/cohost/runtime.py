@@ -334,13 +334,16 @@ class Runtime:
         return self.phases.choose(runnable, self.engines)
 
     def begin_step(self, chosen: list[str]) -> list[str]:
-        """With hide_driver, launch the chosen engines' forwards now (their `step` then only
-        collects)."""
-        if self.overlap is None:
-            for name in chosen:
-                self._note_forward(name)
-                if self.cohost.hide_driver:
-                    self.engines[name].launch()
+        """With hide_driver, launch the chosen engines' forwards now (their `step`, or the
+        overlap stepper, then launches what the searches woken meanwhile added, and collects)."""
+        if self.overlap is not None:
+            if self.cohost.hide_driver:
+                self.overlap.fill(chosen)
+            return chosen
+        for name in chosen:
+            self._note_forward(name)
+            if self.cohost.hide_driver:
+                self.engines[name].launch()
         return chosen
 
     def finish_step(self, chosen: list[str]) -> int:
