@@ -232,18 +232,6 @@ class Runtime:
         self._last_forward: str | None = None
         self.overlap = OverlapStepper(self.engines, self._note_forward) if self.cohost.overlap else None
 
-    @property
-    def backend_info(self) -> dict:
-        """Which engine serves the models: vLLM's version, or the native engine's kernel switches."""
-        if self.backend == "vllm":
-            return {"name": "vllm", "vllm": self.generator.vllm_version}
-        config = self.engine_config
-        return {"name": self.backend, "attention_backend": config.attention_backend,
-                "cascade_attention": config.cascade_attention, "attention_bf16_dot": config.attention_bf16_dot,
-                "linear_backend": {name: resolved_linear_backend(resolve_device(config.device), config, engine.dtype)
-                                   for name, engine in self.engines.items()},
-                "cpu_fused_ops": config.cpu_fused_ops}
-
     def _start_vllm(self, specs: tuple[ModelSpec, ModelSpec], loaded: tuple[LoadedModel, LoadedModel],
                     dtypes: tuple[torch.dtype, torch.dtype]) -> None:
         """Both models on vLLM engines, each with the KV bytes the memory plan gave it."""

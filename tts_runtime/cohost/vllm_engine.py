@@ -225,7 +225,6 @@ class VllmEngine(BlockingCalls):
         # keeps one block aside (its null block).
         self.max_model_len = min(self.arch.max_position_embeddings, (self.num_blocks - 1) * self.block_size)
         self.stats = VllmStats()
-        self.vllm_version: str = vllm.__version__
         self.kv_cache_bytes = self.num_blocks * block_bytes
         self._engine = self._start(vllm, str(folder), name, self.kv_cache_bytes)
         self._scores: dict[str, _ScoreGroup] = {}
