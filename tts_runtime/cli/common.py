@@ -9,7 +9,7 @@ from typing import Any
 import typer
 from rich.console import Console
 
-from tts_runtime.cli import command_started
+from tts_runtime.cli.starting import command_started
 from tts_runtime.config import ConfigError
 from tts_runtime.executor.pipeline.pipeline import PipelineFailure
 
