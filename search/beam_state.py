@@ -73,7 +73,7 @@ class Beam:
         return child
 
     def token_digest(self) -> str:
-        """A hash of token_ids."""
+        """The key of this beam's step seed: hashed whole once, then continued by its children."""
         if self._token_hash is None:
             self._token_hash = hashlib.blake2b(_token_bytes(self.token_ids), digest_size=16)
         return self._token_hash.hexdigest()
