@@ -30,7 +30,7 @@ import torch
 
 from evals.bench import SideBySide, write_report
 import tts_runtime.cpu_features as cpu_features
-from tts_runtime.config import CacheConfig, EngineConfig
+from tts_runtime.config import CacheConfig, EngineConfig, default_block_size
 from tts_runtime.engine.engine import Engine
 from tts_runtime.engine.request import SamplingParams
 from tts_runtime.models.loader import LoadedModel, load_model
@@ -102,7 +102,7 @@ def beam_prompts(loaded: LoadedModel, count: int, target: int) -> list[list[int]
 def _blocks_needed(config: BeamBenchConfig) -> int:
     """The workload's KV blocks and a quarter more: three engines and HF and vLLM share a
     24 GiB machine, and the default 1 GiB pool per engine is several times what this needs."""
-    block = CacheConfig().block_size
+    block = default_block_size("cpu")
     per_prompt = -(-config.prompt_tokens // block) + config.n * (-(-config.new_tokens // block) + 1)
     return int(config.prompts * per_prompt * 1.25)
 

@@ -32,7 +32,7 @@ from dataclasses import asdict, dataclass
 import torch
 
 from evals.bench import BENCH_DIR, SideBySide, write_report
-from tts_runtime.config import CacheConfig, ConfigError, EngineConfig, SchedulerConfig
+from tts_runtime.config import CacheConfig, ConfigError, EngineConfig, SchedulerConfig, default_block_size
 from tts_runtime.executor.device_memory import device_memory_info, gpu_facts
 from tts_runtime.executor.kv_cache import KVAllocation, allocate_kv_cache
 from tts_runtime.engine.engine import Engine
@@ -258,7 +258,7 @@ def hf_score(hf, prompts: list[list[int]], per_forward: int, last_only: bool) ->
 def bench_prefill(config: GpuBenchConfig, device: torch.device) -> SideBySide:
     loaded = load_model(f"dummy:{config.prefill_model}", torch.bfloat16, device)
     engine = Engine(loaded.name, EngineConfig(
-        cache=CacheConfig(num_blocks=2 * config.prefill_batch_tokens // CacheConfig.block_size + 64,
+        cache=CacheConfig(num_blocks=2 * config.prefill_batch_tokens // default_block_size("cuda") + 64,
                           enable_prefix_caching=False),
         scheduler=SchedulerConfig(max_num_batched_tokens=config.prefill_batch_tokens),
         cuda_graphs=False,  # score requests never decode

@@ -33,7 +33,8 @@ from search.config import SearchConfig
 from search.driver import run_search
 from search.score_cache import ScoreCache
 from tts_runtime.cohost.runtime import Runtime
-from tts_runtime.config import CacheConfig, ConfigError, EngineConfig, ParallelConfig, SchedulerConfig
+from tts_runtime.config import (CacheConfig, ConfigError, EngineConfig, ParallelConfig, SchedulerConfig,
+                                 default_block_size)
 from tts_runtime.engine.engine import Engine
 from tts_runtime.engine.request import SamplingParams
 from tts_runtime.executor.pipeline.pipeline import PipelineGroup, StageModel
@@ -161,7 +162,7 @@ def _measure(variant: Variant, engines: list[Engine], group: PipelineGroup | Non
 
 
 # -- workloads ---------------------------------------------------------------------------------
-def _blocks_for(lengths: list[int], block_size: int = 16) -> int:
+def _blocks_for(lengths: list[int], block_size: int = default_block_size("cpu")) -> int:
     """KV sized to the workload (every sequence at its longest, plus slack): no preemption,
     and no idle gigabyte per engine on a shared box."""
     return sum(-(-n // block_size) for n in lengths) + 64

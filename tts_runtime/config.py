@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -34,9 +34,17 @@ class ModelSpec:
         object.__setattr__(self, "model", f"{name}@{self.revision}")
 
 
+MAX_BLOCK_SIZE = 256
+
+
 @dataclass(frozen=True)
 class CacheConfig:
-    block_size: int = 16
+    # Only full blocks enter the prefix cache, so a request that continues a cached sequence
+    # recomputes the cached one's last partial block: on average half a block per PRM
+    # request and per generator step of a search. None: default_block_size(device).
+    block_size: int | None = option(None, "Tokens per KV block (default: 8 on a CPU, 16 on a GPU); the prefix "
+                                    "cache shares whole blocks only, so smaller blocks recompute less of each "
+                                    "continued prompt.", panel="Engine")
     # Exactly one of these decides the pool size; num_blocks wins when both are set.
     num_blocks: int | None = None
     kv_cache_bytes: int | None = None
@@ -53,6 +61,8 @@ class CacheConfig:
                                     "step ahead.", panel="Engine")
 
     def __post_init__(self) -> None:
+        if self.block_size is not None and not 1 <= self.block_size <= MAX_BLOCK_SIZE:
+            raise ConfigError(f"--block-size must be between 1 and {MAX_BLOCK_SIZE} tokens, got {self.block_size}")
         if self.host_kv_bytes < 0:
             raise ConfigError(f"--host-kv-memory must be >= 0 (0 turns the host KV tier off), got {self.host_kv_bytes}")
 
@@ -276,9 +286,20 @@ class EngineConfig:
         if self.linear_backend not in LINEAR_BACKENDS:
             raise ConfigError(f"unknown --linear-backend '{self.linear_backend}'; choose one of "
                               f"{', '.join(LINEAR_BACKENDS)}")
+        if self.cache.block_size is None:
+            object.__setattr__(self, "cache", replace(self.cache, block_size=default_block_size(self.device)))
         if self.cache.host_kv_bytes and self.parallel.pp_size > 1:
             raise ConfigError("--host-kv-memory needs --pp 1: the host KV tier copies blocks in the driver's "
                               "process, and pipeline stages hold the KV; drop one of the two")
+
+
+def default_block_size(device: str) -> int:
+    """8 tokens on a CPU, where a search's recomputed partial blocks are compute (beam search
+    at search-and-learn's settings: 1.11x per generated token against 16, the attention
+    kernel as fast per token; docs/benchmarks/block_size.md); 16 on a GPU and the simulated
+    one, not yet measured there, where each extra block is host work."""
+    on_cpu = device == "cpu" or device.startswith("cpu:") or (device == "auto" and not torch.cuda.is_available())
+    return 8 if on_cpu else 16
 
 
 def resolve_device(device: str) -> torch.device:

@@ -43,7 +43,7 @@ def test_preemption_under_tiny_kv_budget_keeps_greedy_outputs(generator_model, p
     roomy = Engine(generator_model.name, EngineConfig(), loaded=generator_model)
     expected = [o.completions[0].token_ids for o in roomy.generate(prompts, greedy)]
     need = -(-(len(prompt) + 48) // 16)
-    tight = Engine(generator_model.name, EngineConfig(cache=CacheConfig(num_blocks=need + 2)), loaded=generator_model)
+    tight = Engine(generator_model.name, EngineConfig(cache=CacheConfig(num_blocks=need + 2, block_size=16)), loaded=generator_model)
     got = [o.completions[0].token_ids for o in tight.generate(prompts, greedy)]
     assert tight.scheduler.num_preemptions > 0
     assert got == expected
@@ -122,6 +122,31 @@ def test_snapshot_reports_prefix_hits_and_pool_occupancy(generator_model, prompt
     assert second["prefix_queries"] == first["prefix_queries"] + full
     assert second["cached_prompt_tokens"] == full * engine.block_size
     assert second["computed_tokens"] - first["computed_tokens"] == len(prompt) - full * engine.block_size + 3
+
+
+@pytest.mark.parametrize("block_size", [16, 8, 4])
+def test_a_continued_prompt_recomputes_only_what_follows_its_last_full_block(generator_model, prompt, block_size):
+    """A search's next step sends the previous prompt plus the tokens it produced: the prefix
+    cache serves the full blocks, and the rest (the old partial block and the new tokens) is
+    computed again, so smaller blocks recompute less."""
+    engine = Engine(generator_model.name, EngineConfig(cache=CacheConfig(block_size=block_size)),
+                    loaded=generator_model)
+    greedy = SamplingParams(temperature=0, max_tokens=5, ignore_eos=True)
+    step = engine.generate([prompt], greedy)[0].completions[0].token_ids
+    continued = prompt + step
+    before = engine.snapshot()
+    engine.generate([continued], greedy)
+    after = engine.snapshot()
+    # The first request's KV covers the prompt and 4 of its 5 tokens (the last was sampled, never fed back).
+    full = (len(prompt) + len(step) - 1) // block_size
+    assert after["cached_prompt_tokens"] - before["cached_prompt_tokens"] == full * block_size
+    assert after["computed_tokens"] - before["computed_tokens"] == len(continued) - full * block_size + 4
+
+
+def test_block_size_out_of_range_is_a_config_error():
+    for size in (0, 512):
+        with pytest.raises(ConfigError, match=f"--block-size must be between 1 and 256 tokens, got {size}"):
+            CacheConfig(block_size=size)
 
 
 def test_a_request_aborted_before_it_was_scheduled_does_not_count_toward_the_hit_rate(generator_model, prompt):

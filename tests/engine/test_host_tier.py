@@ -24,7 +24,7 @@ def questions(math500_path) -> list[str]:
 
 
 def _engine(model, num_blocks: int, host_bytes: int = 0, **scheduler) -> tuple[Engine, ThrashTracker]:
-    config = EngineConfig(cache=CacheConfig(num_blocks=num_blocks, host_kv_bytes=host_bytes),
+    config = EngineConfig(cache=CacheConfig(num_blocks=num_blocks, block_size=16, host_kv_bytes=host_bytes),
                           scheduler=SchedulerConfig(**scheduler))
     engine = Engine(model.name, config, loaded=model)
     tracker = ThrashTracker()

@@ -45,7 +45,7 @@ def test_profile_measures_a_real_forward_and_adds_up(generator_model, prm_model,
     assert measured.profiled_tokens == 128 and measured.non_torch_bytes == 0
     arch = generator_model.arch
     assert measured.kv_bytes_per_token_per_layer == 2 * arch.num_kv_heads * arch.head_dim * 4
-    assert measured.block_bytes == 16 * measured.kv_bytes_per_token_per_layer * arch.num_layers
+    assert measured.block_bytes == CONFIG.cache.block_size * measured.kv_bytes_per_token_per_layer * arch.num_layers
     gen, prm = profiles
     budget = 3 * GiB
     for fraction in (0.1, 0.3, 0.55, 0.9):

@@ -87,14 +87,14 @@ def _score_in_turn(engine: Engine, prompts: list[list[int]]) -> None:
 def test_engine_prefix_cache_thrash_is_counted_exactly(generator_model):
     """Real engine, 4-block pool: prompt a (3 full blocks), then b and c push all of a out."""
     a, b, c = (list(range(start, start + 48)) for start in (100, 200, 300))
-    tight = Engine(generator_model.name, EngineConfig(cache=CacheConfig(num_blocks=4)), loaded=generator_model)
+    tight = Engine(generator_model.name, EngineConfig(cache=CacheConfig(num_blocks=4, block_size=16)), loaded=generator_model)
     tracker = ThrashTracker()
     tight.add_block_listener(tracker)
     _score_in_turn(tight, [a, b, c, a])
     # The last token is always computed, so a's lookups cover its first 2 blocks: both were
     # computed (after allocation 3) and evicted; b and c allocated 6 blocks in between.
     assert tracker.thrash_events == 2 and tracker.reuse_distances == [6, 6]
-    roomy = Engine(generator_model.name, EngineConfig(cache=CacheConfig(num_blocks=16)), loaded=generator_model)
+    roomy = Engine(generator_model.name, EngineConfig(cache=CacheConfig(num_blocks=16, block_size=16)), loaded=generator_model)
     tracker = ThrashTracker()
     roomy.add_block_listener(tracker)
     _score_in_turn(roomy, [a, b, c, a])

@@ -85,7 +85,7 @@ def test_prefix_tree_groups_by_block_ids() -> None:
 
 BACKENDS = {"torch": dict(attention_backend="torch"), "cpu-flat": dict(attention_backend="cpu", cascade_attention=False),
             "cpu-cascade": dict(attention_backend="cpu", cascade_attention=True)}
-SMALL_POOL = CacheConfig(num_blocks=160)  # these prompts need < 100 blocks; the default pool is 1 GiB
+SMALL_POOL = CacheConfig(num_blocks=320)  # these prompts need < 200 blocks of 8; the default pool is 1 GiB
 
 
 @pytest.fixture(scope="module")
@@ -143,7 +143,8 @@ def test_preemption_keeps_greedy_tokens(generator_model, problem):
     roomy = Engine(generator_model.name, EngineConfig(cache=SMALL_POOL, attention_backend="torch"), loaded=generator_model)
     expected = [o.completions[0].token_ids for o in roomy.generate(prompts, greedy)]
     need = -(-(max(len(p) for p in prompts) + 32) // 16)
-    tight = Engine(generator_model.name, EngineConfig(cache=CacheConfig(num_blocks=need + 4), attention_backend="cpu"),
+    tight = Engine(generator_model.name,
+                   EngineConfig(cache=CacheConfig(num_blocks=need + 4, block_size=16), attention_backend="cpu"),
                    loaded=generator_model)
     got = [o.completions[0].token_ids for o in tight.generate(prompts, greedy)]
     assert tight.scheduler.num_preemptions > 0
