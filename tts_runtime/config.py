@@ -295,7 +295,7 @@ class EngineConfig:
 
 def default_block_size(device: str) -> int:
     """8 tokens on a CPU, where a search's recomputed partial blocks are compute (beam search
-    at search-and-learn's settings: 1.11x per generated token against 16, the attention
+    at search-and-learn's settings: 1.10x per generated token against 16, the attention
     kernel as fast per token; docs/benchmarks/block_size.md); 16 on a GPU and the simulated
     one, not yet measured there, where each extra block is host work."""
     on_cpu = device == "cpu" or device.startswith("cpu:") or (device == "auto" and not torch.cuda.is_available())

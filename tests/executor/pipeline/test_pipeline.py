@@ -264,7 +264,7 @@ def _wait_gone(pids: list[int], seconds: float) -> bool:
 def _alive(pid: int) -> bool:
     try:
         state = Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0]
-    except FileNotFoundError:
+    except (FileNotFoundError, ProcessLookupError):  # gone before the open, or reaped between open and read
         return False
     return state != "Z"
 
