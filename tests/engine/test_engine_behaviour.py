@@ -43,7 +43,8 @@ def test_preemption_under_tiny_kv_budget_keeps_greedy_outputs(generator_model, p
     roomy = Engine(generator_model.name, EngineConfig(), loaded=generator_model)
     expected = [o.completions[0].token_ids for o in roomy.generate(prompts, greedy)]
     need = -(-(len(prompt) + 48) // 16)
-    tight = Engine(generator_model.name, EngineConfig(cache=CacheConfig(num_blocks=need + 2, block_size=16)), loaded=generator_model)
+    tight = Engine(generator_model.name, EngineConfig(cache=CacheConfig(num_blocks=need + 2, block_size=16)),
+                   loaded=generator_model)
     got = [o.completions[0].token_ids for o in tight.generate(prompts, greedy)]
     assert tight.scheduler.num_preemptions > 0
     assert got == expected
