@@ -91,8 +91,8 @@ def auto_streams(dtype: torch.dtype) -> bool:
     AVX512-BF16, where the kernel measured 1.36x oneDNN on beam-shaped decode and 1.4x on
     search-and-learn-shaped search (docs/benchmarks/search_sal_settings.md); fp32 on CPUs
     with AVX2 and FMA but no AVX-512, where the fp32 kernel measured faster than oneDNN at
-    decode's few rows (cpu_linear_fp32.MAX_ROWS; the larger calls still go to oneDNN).
-    With AVX-512, fp32 stays on oneDNN's own kernels."""
+    every row count from 1 to 1024 (docs/benchmarks/linear_avx2.md). With AVX-512, fp32
+    stays on oneDNN's own kernels."""
     if dtype == torch.bfloat16:
         return cpu_features.has("avx512_bf16")
     return dtype == torch.float32 and _fp32_kernel_applies() and not cpu_features.has("avx512f")
@@ -109,22 +109,29 @@ def packed_weight_bytes(model: nn.Module, samples: bool, device: torch.device, c
 
 def _packed_bytes(weight: torch.Tensor, backend: str, config: EngineConfig) -> int:
     """A prepacked copy; with `streamed`, a bf16 weight's stream (its own size), an fp32
-    weight's stream (bf16 where `linear_bf16_weights`) on top of oneDNN's copy for the calls
-    beyond the kernel's rows, except under `auto`, whose fallback is oneDNN on the plain
-    weight."""
+    weight's stream (bf16 where `linear_bf16_weights`), or, for an fp32 weight the kernel
+    cannot take, oneDNN's prepacked copy (none under `auto`, whose fallback is oneDNN on
+    the plain weight)."""
     size = weight.numel() * weight.element_size()
     if backend not in ("prepacked", "streamed"):
         return 0
     if backend == "prepacked" or weight.dtype != torch.float32 or not _fp32_kernel_applies():
         return size
-    stream = weight.numel() * (2 if config.linear_bf16_weights else 4)
-    return stream + (0 if config.linear_backend == "auto" else size)
+    if _fp32_streamable(weight):
+        return weight.numel() * (2 if config.linear_bf16_weights else 4)
+    return 0 if config.linear_backend == "auto" else size
 
 
 def _fp32_kernel_applies() -> bool:
     from tts_runtime.executor.cpu.cpu_linear_fp32 import applies
 
     return applies()
+
+
+def _fp32_streamable(weight: torch.Tensor) -> bool:
+    from tts_runtime.executor.cpu.cpu_linear_fp32 import streamable
+
+    return streamable(weight)
 
 
 def layer_ops(device: torch.device, config: EngineConfig, models: Sequence[nn.Module]) -> LayerOps:

@@ -1,6 +1,6 @@
 """tts's streamed fp32 projections for CPUs with AVX2 and FMA (executor/cpu/cpu_linear_fp32.py)
 against F.linear on the real demo models' weights, stored as fp32 and as bf16, in this run's
-build and the x86-64-v3 one; the row limit, where `auto` uses it, and the memory profile."""
+build and the x86-64-v3 one; what it serves, where `auto` uses it, and the memory profile."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import torch.nn.functional as F
 import tts_runtime.cpu_features as cpu_features
 from tts_runtime.config import EngineConfig
 from tts_runtime.executor.cpu.cpu_extensions import KernelUnavailable
-from tts_runtime.executor.cpu.cpu_linear_fp32 import MAX_ROWS, StreamedFp32Linear, applies, load_fp32_linear_kernel
+from tts_runtime.executor.cpu.cpu_linear_fp32 import StreamedFp32Linear, applies, load_fp32_linear_kernel
 from tts_runtime.executor.layer_ops import (PrepackedLinear, layer_ops, onednn_linear, packed_weight_bytes,
                                             resolved_linear_backend)
 
@@ -67,21 +67,18 @@ def test_kernel_handles_partial_groups_and_odd_inputs(kernel, outputs):
 
 
 @needs_avx2
-def test_streamed_backend_packs_fp32_weights_and_sends_large_calls_to_the_fallback(generator_model):
+@pytest.mark.parametrize("rows", [1, 4, 64, 300])
+def test_streamed_backend_serves_the_models_fp32_weights_at_any_rows(generator_model, rows):
     model = generator_model.model
     linear = layer_ops(CPU, EngineConfig(linear_backend="streamed"), [model]).linear
-    assert isinstance(linear, StreamedFp32Linear)
+    assert isinstance(linear, StreamedFp32Linear) and isinstance(linear.fallback, PrepackedLinear)
     proj = model.layers[0].mlp.down_proj
-    generator = torch.Generator().manual_seed(2)
-    wide = torch.randn(MAX_ROWS + 1, proj.weight.shape[1], generator=generator)
-    torch.testing.assert_close(linear(wide, proj.weight, None), F.linear(wide, proj.weight), rtol=1e-4, atol=1e-4)
-    assert not linear.packed_weight_ids and isinstance(linear.fallback, PrepackedLinear)
-    narrow = torch.randn(2, 2, proj.weight.shape[1], generator=generator)  # 4 rows
-    torch.testing.assert_close(linear(narrow, proj.weight, None), F.linear(narrow, proj.weight),
-                               rtol=1e-4, atol=1e-4)
+    generator = torch.Generator().manual_seed(rows)
+    x = torch.randn(rows, proj.weight.shape[1], generator=generator)
+    torch.testing.assert_close(linear(x, proj.weight, None), F.linear(x, proj.weight), rtol=1e-4, atol=1e-4)
     assert list(linear.packed_weight_ids) == [id(proj.weight)]
     cut = model.output_weight[torch.tensor([5, 9, 11, 12, 13, 14, 15, 16])]  # not the model's: the fallback
-    flat = torch.randn(4, cut.shape[1], generator=generator)
+    flat = torch.randn(rows, cut.shape[1], generator=generator)
     torch.testing.assert_close(linear(flat, cut, None), F.linear(flat, cut), rtol=1e-4, atol=1e-4)
     assert len(linear.packed_weight_ids) == 1
 
@@ -100,9 +97,10 @@ def test_auto_streams_only_on_avx2_cpus_without_avx512(generator_model):
 def test_stream_copies_are_counted(generator_model):
     model = generator_model.model
     fp32 = sum(m.weight.numel() * 4 for m in model.layers.modules() if isinstance(m, torch.nn.Linear))
-    # explicit: the stream and oneDNN's copy for the larger calls; bf16-stored streams are half.
-    assert packed_weight_bytes(model, False, CPU, EngineConfig(linear_backend="streamed")) == 2 * fp32
+    # The kernel takes every projection at any rows, so the stream is the only copy;
+    # bf16-stored streams are half.
+    assert packed_weight_bytes(model, False, CPU, EngineConfig(linear_backend="streamed")) == fp32
     assert packed_weight_bytes(model, False, CPU, EngineConfig(linear_backend="streamed",
-                                                               linear_bf16_weights=True)) == fp32 + fp32 // 2
+                                                               linear_bf16_weights=True)) == fp32 // 2
     auto = packed_weight_bytes(model, False, CPU, EngineConfig())
     assert auto == (fp32 if resolved_linear_backend(CPU, EngineConfig()) == "streamed" else 0)

@@ -23,11 +23,6 @@ from tts_runtime.executor.cpu.cpu_extensions import KernelUnavailable, load_exte
 # What the kernel needs; without it `load_fp32_linear_kernel` does not even build it.
 REQUIRES = ("avx2", "fma")
 
-# The most rows a call may have for the kernel to take it: measured under TTS_CPU_FEATURES=avx2
-# on the demo models' projections (evals/bench_linear.py), the fp32 stream was 1.3-2.1x
-# oneDNN prepacked at 1 and 4 rows, 0.84-1.16x at 16 and 0.81-0.95x at 64.
-MAX_ROWS = 4
-
 
 def applies() -> bool:
     """Whether this CPU (as cpu_features sees it) has what the kernel needs."""
@@ -55,23 +50,23 @@ def streamable(weight: torch.Tensor) -> bool:
 class StreamedFp32Linear:
     """The fp32 projections of `models` on the kernel, each weight packed on its first use
     (stored as bf16 where `bf16_weights`; a copy beside the module's, counted by the memory
-    profile like oneDNN's prepacked one); every other call, and every call of more than
-    `max_rows` rows, on `fallback`."""
+    profile like oneDNN's prepacked one), at any number of rows: under AVX2 the kernel
+    measured 1.9-2.5x oneDNN prepacked at 1-4 rows, 1.5-1.9x at 8-16, 1.2x at 64 and
+    1.06-1.11x at 256-1024 (docs/benchmarks/linear_avx2.md). Every other call (weights that
+    are not the models', or that the kernel cannot take) goes to `fallback`."""
 
     def __init__(self, kernel: ModuleType, models: Sequence[nn.Module],
                  fallback: Callable[[torch.Tensor, torch.Tensor, torch.Tensor | None], torch.Tensor],
-                 bf16_weights: bool = False, max_rows: int | None = MAX_ROWS) -> None:
+                 bf16_weights: bool = False) -> None:
         self._kernel = kernel
         self._fallback = fallback
         self._bf16 = bf16_weights
-        self._max_rows = max_rows
         self._weights = {id(p): p for model in models for p in model.parameters() if streamable(p)}
         self._packed: dict[int, torch.Tensor] = {}
 
     def __call__(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         key = id(weight)
-        too_many_rows = self._max_rows is not None and x.numel() > self._max_rows * x.shape[-1]
-        if self._weights.get(key) is not weight or x.dtype != torch.float32 or too_many_rows:
+        if self._weights.get(key) is not weight or x.dtype != torch.float32:
             return self._fallback(x, weight, bias)
         packed = self._packed.get(key)
         if packed is None:
