@@ -256,14 +256,18 @@ class EngineConfig:
     # The projections and the output layer on the CPU: "onednn" (oneDNN's JIT matmul, which
     # uses AVX-512 on AMD and Intel alike), "prepacked" (the same on weights reordered once
     # into oneDNN's blocked layout: a packed copy beside the module's, counted in the memory
-    # profile), "streamed" (bf16 weights packed once into one sequential stream for tts's
-    # AVX512-BF16 kernel, executor/cpu/cpu_linear.py; other weights as prepacked), "torch"
-    # (F.linear: MKL's sgemm for fp32, which takes a slower path on AMD CPUs), "auto" (onednn
-    # where torch has it). GPUs use cuBLAS.
-    linear_backend: str = option("auto", "CPU projections and output layer: auto (onednn where torch has it), "
-                                 "onednn, prepacked (oneDNN on weights reordered once: a packed copy in the memory "
-                                 "budget), streamed (bf16 models: tts's AVX512-BF16 kernel on weights packed once "
-                                 "into one stream), or torch (F.linear).", panel="Kernels")
+    # profile), "streamed" (weights packed once into one sequential stream for tts's kernels:
+    # bf16 on AVX512-BF16, executor/cpu/cpu_linear.py; fp32 on AVX2 and FMA,
+    # cpu_linear_fp32.py; what they do not take as prepacked), "torch" (F.linear: MKL's sgemm
+    # for fp32, which takes a slower path on AMD CPUs), "auto" (streamed where it measured
+    # faster: bf16 with AVX512-BF16, fp32 with AVX2 but no AVX-512; onednn elsewhere; see
+    # layer_ops.auto_streams). GPUs use cuBLAS.
+    linear_backend: str = option("auto", "CPU projections and output layer: auto (tts's streamed kernels where "
+                                 "they win: bf16 models with AVX512-BF16, fp32 models with AVX2 and no AVX-512; "
+                                 "onednn elsewhere), onednn, prepacked (oneDNN on weights reordered once: a packed "
+                                 "copy in the memory budget), streamed (tts's kernels on weights packed once into "
+                                 "one stream: bf16 on AVX512-BF16, fp32 on AVX2), or torch (F.linear).",
+                                 panel="Kernels")
     # CPU: RMSNorm, rotary embedding and the gated activation as one C++ pass each
     # (executor/cpu/cpu_layer_ops.py), rounding where torch's eager ops round; off: the eager ops,
     # bit-exact with HF.
