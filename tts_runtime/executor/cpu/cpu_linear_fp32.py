@@ -51,8 +51,8 @@ class StreamedFp32Linear:
     """The fp32 projections of `models` on the kernel, each weight packed on its first use
     (stored as bf16 where `bf16_weights`; a copy beside the module's, counted by the memory
     profile like oneDNN's prepacked one), at any number of rows: under AVX2 the kernel
-    measured 1.9-2.5x oneDNN prepacked at 1-4 rows, 1.5-1.9x at 8-16, 1.2x at 64 and
-    1.06-1.11x at 256-1024 (docs/benchmarks/linear_avx2.md). Every other call (weights that
+    measured 1.8-2.5x oneDNN prepacked at 1-4 rows, 1.4-1.9x at 8-16, 1.1-1.2x at 64 and
+    1.06-1.18x at 256-1024 (docs/benchmarks/linear_avx2.md). Every other call (weights that
     are not the models', or that the kernel cannot take) goes to `fallback`."""
 
     def __init__(self, kernel: ModuleType, models: Sequence[nn.Module],
