@@ -23,7 +23,9 @@ from tts_runtime.engine.scheduler import Scheduler
 from tts_runtime.engine.sequence import RequestGroup, Sequence
 from tts_runtime.executor.device_memory import return_freed_host_memory
 
-CONFIG = EngineConfig(scheduler=SchedulerConfig(max_num_batched_tokens=128))
+# oneDNN on the plain weights on any CPU: the budgets below are sized for weights without a
+# packed copy (`auto` keeps a stream of fp32 weights beside them on AVX2-only CPUs).
+CONFIG = EngineConfig(scheduler=SchedulerConfig(max_num_batched_tokens=128), linear_backend="onednn")
 GiB = 1 << 30
 
 

@@ -40,9 +40,12 @@ SEARCH = SearchConfig(method="beam", n=2, beam_width=2, num_iterations=2, max_st
                       temperature=0.0, problem_batch=2)
 # fp32: its kernels compute a row the same whatever else is in the batch; in bf16 the
 # projections switch kernels with the row count, so a batch-mate can change the rounding.
-SPEC = ReplicaSpec(ModelSpec(GENERATOR, "float32"), ModelSpec(PRM, "float32"), MemoryConfig(device_memory=parse_size("2.1GiB")), EngineConfig(device="cpu"))
+# oneDNN on any CPU: 2.1 GiB is sized for weights without a packed copy.
+SPEC = ReplicaSpec(ModelSpec(GENERATOR, "float32"), ModelSpec(PRM, "float32"), MemoryConfig(device_memory=parse_size("2.1GiB")),
+                   EngineConfig(device="cpu", linear_backend="onednn"))
 CLI_TINY = ["--n", "2", "--beam-width", "2", "--num-iterations", "2", "--max-step-tokens", "16", "--max-tokens", "48",
-            "--temperature", "0", "--problem-batch", "1", "--device", "cpu", "--device-memory", "2.1GiB"]
+            "--temperature", "0", "--problem-batch", "1", "--device", "cpu", "--device-memory", "2.1GiB",
+            "--linear-backend", "onednn"]
 
 
 @pytest.fixture(scope="module")
@@ -178,7 +181,8 @@ def test_sweep_memory_runs_its_settings_on_replicas(cluster, math500_path, tmp_p
     result = CliRunner().invoke(app, [
         "sweep-memory", "--splits", "0.3,0.5", "--policies", "static", "--dataset-path", str(math500_path),
         "--limit", "1", "--num-iterations", "1", "--max-step-tokens", "8", "--n", "2", "--beam-width", "2",
-        "--device", "cpu", "--device-memory", "2.1GiB", "--replicas", "2", "--out", str(tmp_path)])
+        "--device", "cpu", "--device-memory", "2.1GiB", "--linear-backend", "onednn", "--replicas", "2",
+        "--out", str(tmp_path)])
     assert result.exit_code == 0, result.output
     rows = json.loads((tmp_path / "sweep.json").read_text())["rows"]
     assert [row["setting"] for row in rows] == ["static 0.30", "static 0.50"]

@@ -16,7 +16,7 @@ def register(app: typer.Typer) -> None:
                          "problem_batch", "prm_format", "seed", "dataset", "dataset_path", "limit", "generator",
                          "prm", "dtype", "device", "device_memory", "memory_utilization", "max_num_batched_tokens",
                          "host_kv_memory", "out", "replicas", "ray_address", "threads_per_replica",
-                         "backend"))(sweep_memory_command)
+                         "backend", "linear_backend"))(sweep_memory_command)
 
 
 def sweep_memory_command(run: RunConfig, settings: dict) -> None:
