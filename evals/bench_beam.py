@@ -368,6 +368,14 @@ def bench_attention(repeats: int) -> tuple[list[dict], dict]:
     smollm_bf16 = LayerShape("SmolLM2-135M layer", 9, 3, 64, torch.bfloat16)
     workloads = [
         ("decode: 4 prompts x 4 beams, 1500 shared + 120-150 own tokens", smollm, dict(chunk=1)),
+        ("decode, few-lane loops off", smollm, dict(chunk=1, few_lanes=False)),
+        ("decode, next-item prefetch off", smollm, dict(chunk=1, prefetch_next_item=False)),
+        ("decode at the search's shape: 16 prompts x 4 beams, 200 shared + 150-250 own tokens", smollm,
+         dict(chunk=1, groups=16, prompt=200, suffixes=[150, 200, 250, 180])),
+        ("search's shape, few-lane loops off", smollm,
+         dict(chunk=1, groups=16, prompt=200, suffixes=[150, 200, 250, 180], few_lanes=False)),
+        ("search's shape, next-item prefetch off", smollm,
+         dict(chunk=1, groups=16, prompt=200, suffixes=[150, 200, 250, 180], prefetch_next_item=False)),
         ("decode, bf16 cache", smollm_bf16, dict(chunk=1)),
         ("decode, bf16 cache, bf16 dot products off", smollm_bf16, dict(chunk=1, bf16_dot=False)),
         ("PRM score: 4 beams x 64-token chunks over a shared 1500", gemma, dict(chunk=64, groups=1)),
@@ -386,11 +394,11 @@ def bench_attention(repeats: int) -> tuple[list[dict], dict]:
         # Each call reads the next of 30 copies, as the 30 layers of a forward do: K/V come from
         # memory, not from the cache the previous call left them in.
         pools = [(k.clone(), v.clone()) for _ in range(30)]
-        dot = extra.get("bf16_dot", True)
-        backends = {"torch": TorchAttention(), "kernel": CpuPagedAttention(kernel, cascade=False, bf16_dot=dot),
-                    "cascade": CpuPagedAttention(kernel, cascade=True, bf16_dot=dot)}
+        switches = {name: extra.get(name, True) for name in ("bf16_dot", "few_lanes", "prefetch_next_item")}
+        backends = {"torch": TorchAttention(), "kernel": CpuPagedAttention(kernel, cascade=False, **switches),
+                    "cascade": CpuPagedAttention(kernel, cascade=True, **switches)}
         if avx2 is not None:
-            backends["avx2"] = CpuPagedAttention(avx2, cascade=True, bf16_dot=dot)
+            backends["avx2"] = CpuPagedAttention(avx2, cascade=True, **switches)
         times: dict[str, list[float]] = {name: [] for name in backends}
         calls = 0
         for _ in range(repeats):
@@ -424,7 +432,8 @@ def run_attention_bench(repeats: int, command: str) -> str:
              "forward and shares it among the layers).",
              "Random K/V in a shuffled paged pool; the 4 forks of a prompt share its 93 full blocks. Each "
              "call reads the next of 30 copies of the pool (as the 30 layers of a forward do), so K/V come "
-             "from memory; bf16 dot products on (the engine's default) unless the row says otherwise."]
+             "from memory; bf16 dot products, few-lane loops and next-item prefetches on (the engine's defaults) "
+             "unless the row says otherwise."]
     path = write_report("beam_attention", "Beam-shaped attention, one layer: torch backend vs the CPU kernel",
                         command, {"raw_seconds": raw}, rows, notes)
     return str(path)

@@ -253,6 +253,12 @@ class EngineConfig:
     # first, the exact exp.
     attention_bf16_dot: bool = option(True, "cpu backend, bf16 models: dot products on AVX512-BF16 where the CPU "
                                       "has it, and a coarser softmax exp.", panel="Kernels")
+    # CPU kernel: lane groups of at most 4 query vectors (a decode row of a small GQA group)
+    # take their scores along head_dim, each key row loaded once for all of them, instead of
+    # broadcasting every key element across a vector's mostly idle lanes, and their value
+    # sums broadcast each weight once for several chunks of head_dim; off: the lane loops.
+    attention_few_lanes: bool = option(True, "cpu backend: groups of at most 4 query vectors take scores "
+                                       "along head_dim and value sums of their own.", panel="Kernels")
     # The projections and the output layer on the CPU: "onednn" (oneDNN's JIT matmul, which
     # uses AVX-512 on AMD and Intel alike), "prepacked" (the same on weights reordered once
     # into oneDNN's blocked layout: a packed copy beside the module's, counted in the memory

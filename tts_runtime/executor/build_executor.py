@@ -7,7 +7,7 @@ from concurrent.futures import Future
 from typing import Protocol
 
 from tts_runtime.config import EngineConfig
-from tts_runtime.executor.attention.backends import AttentionBackend, select_backend
+from tts_runtime.executor.attention.backends import AttentionBackend, backend_for
 from tts_runtime.executor.batch import ModelInput, ModelOutput, SamplePlan
 from tts_runtime.executor.cuda_graphs import CudaGraphRunner
 from tts_runtime.executor.kv_cache import KVAllocation, KVCaches, allocate_kv_cache
@@ -49,8 +49,7 @@ def build_local_executor(loaded: LoadedModel, config: EngineConfig, num_blocks: 
     device, dtype = weight.device, weight.dtype
     caches = kv.caches if kv is not None else allocate_kv_cache(
         loaded.arch, num_blocks, config.cache.block_size, dtype, device)
-    backend = select_backend(config.attention_backend, device, config.group_decodes_by_length,
-                             config.cascade_attention, config.attention_bf16_dot)
+    backend = backend_for(config, device)
     ops = layer_ops(device, config, [loaded.model])
     return LocalExecutor(loaded.model, caches, backend, ops,
                          decode_graphs(loaded, caches, backend, ops, config, num_blocks))

@@ -18,7 +18,7 @@ from typing import Callable
 import torch
 
 from tts_runtime.config import EngineConfig
-from tts_runtime.executor.attention.backends import select_backend
+from tts_runtime.executor.attention.backends import backend_for
 from tts_runtime.executor.batch import AttentionMetadata, ModelInput
 from tts_runtime.executor.kv_cache import allocate_kv_cache
 from tts_runtime.executor.layer_ops import layer_ops
@@ -79,8 +79,7 @@ def measure_stage_costs(loaded: LoadedModel, config: EngineConfig, samples_full_
     batch = _probe_batch(loaded, config, samples_full_vocabulary)
     kv = allocate_kv_cache(loaded.arch, int(batch.meta.decode_block_tables.shape[1]), config.cache.block_size,
                            model.output_weight.dtype, device)
-    backend = select_backend(config.attention_backend, device, config.group_decodes_by_length,
-                             config.cascade_attention, config.attention_bf16_dot)
+    backend = backend_for(config, device)
     ops = layer_ops(device, config, [model])
     layer_times: list[list[float]] = [[] for _ in model.layers]
     head_times: list[float] = []

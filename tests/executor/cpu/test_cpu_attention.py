@@ -19,7 +19,7 @@ from tts_runtime.executor.attention.attention_plan import batch_sequences, prefi
 from tts_runtime.executor.cpu.cpu_attention import CpuPagedAttention, load_kernel
 from tts_runtime.executor.cpu.cpu_extensions import KernelUnavailable
 
-from tests.executor.attention_cases import CASES, Case, build
+from tests.executor.attention_cases import BEAMS, CASES, Case, Seq, build
 
 REL_TOL = {torch.float32: 1e-5, torch.bfloat16: 2e-2}
 
@@ -41,11 +41,13 @@ def kernel(kernel_march):
         pytest.fail(f"the CPU kernel must build where the tests run: {exc}")
 
 
-def check(kernel, case: Case, cascade: bool = True, bf16_dot: bool = True) -> CpuPagedAttention:
+def check(kernel, case: Case, cascade: bool = True, bf16_dot: bool = True, few_lanes: bool = True,
+          prefetch_next_item: bool = True) -> CpuPagedAttention:
     query, k_cache, v_cache, meta = build(case)
     scale = case.head_dim ** -0.5
     ref = TorchAttention().attend(query, k_cache, v_cache, meta, scale, case.window, case.softcap)
-    backend = CpuPagedAttention(kernel, cascade=cascade, bf16_dot=bf16_dot)
+    backend = CpuPagedAttention(kernel, cascade=cascade, bf16_dot=bf16_dot, few_lanes=few_lanes,
+                                prefetch_next_item=prefetch_next_item)
     out = backend.attend(query, k_cache, v_cache, meta, scale, case.window, case.softcap)
     assert out.dtype == query.dtype and out.shape == query.shape and torch.isfinite(out).all()
     err = ((out.float() - ref.float()).abs().max() / ref.float().abs().max()).item()
@@ -62,6 +64,35 @@ def test_kernel_matches_torch(kernel, name: str, cascade: bool) -> None:
 @pytest.mark.parametrize("name", [n for n, c in CASES.items() if c.dtype == torch.bfloat16])
 def test_bf16_cases_match_torch_with_the_dot_products_off(kernel, name: str) -> None:
     check(kernel, CASES[name], bf16_dot=False)
+
+
+def check_switch(kernel, case: Case, **switch: bool) -> torch.Tensor:
+    """The kernel's output with `switch`, after checking it against torch."""
+    query, k_cache, v_cache, meta = build(case)
+    return check(kernel, case, **switch).attend(query, k_cache, v_cache, meta, case.head_dim ** -0.5, case.window,
+                                                case.softcap)
+
+
+# GQA groups of 1 to 4 query heads: a decode row is a lane group of that many lanes, and the
+# 4 forks' shared item leaves a remainder of 12, 8 or 4 lanes on an 8- or 16-lane build.
+FEW_LANE_CASES = {f"gqa{g}-{str(dtype).removeprefix('torch.')}": Case(BEAMS + [Seq(90)], dtype=dtype,
+                                                                      num_heads=2 * g, num_kv_heads=2, window=200)
+                  for g in (1, 2, 3, 4) for dtype in (torch.float32, torch.bfloat16)}
+# head_dim 80: 10 or 5 vector chunks, which the value loop's groups of 4 or 2 do not divide.
+FEW_LANE_CASES["gqa3-head-dim-80-float32"] = Case(BEAMS, num_heads=6, num_kv_heads=2, head_dim=80)
+FEW_LANE_CASES["gqa4-head-dim-80-float32"] = Case(BEAMS, num_heads=8, num_kv_heads=2, head_dim=80)
+
+
+@pytest.mark.parametrize("name", list(FEW_LANE_CASES))
+def test_few_lanes_match_torch_and_are_what_the_switch_turns_on(kernel, name: str) -> None:
+    """The few-lane loops and the lane loops both match torch, and in fp32 they differ in the
+    last bits (their sums run in another order; a bf16 output rounds that away): the switch
+    reaches the kernel. Prefetching the next item's keys changes no bit."""
+    case = FEW_LANE_CASES[name]
+    on = check_switch(kernel, case, few_lanes=True, bf16_dot=False)
+    off = check_switch(kernel, case, few_lanes=False, bf16_dot=False)
+    assert case.dtype != torch.float32 or not torch.equal(on, off)
+    assert torch.equal(check_switch(kernel, case, few_lanes=True, bf16_dot=False, prefetch_next_item=False), on)
 
 
 def test_bf16_dot_products_are_built_where_the_cpu_has_them(kernel, kernel_march) -> None:

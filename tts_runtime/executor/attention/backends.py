@@ -10,7 +10,7 @@ import logging
 
 import torch
 
-from tts_runtime.config import ConfigError
+from tts_runtime.config import ConfigError, EngineConfig
 from tts_runtime.executor.attention.attention import AttentionBackend, TorchAttention
 from tts_runtime.executor.cpu.cpu_attention import CpuPagedAttention, load_kernel
 from tts_runtime.executor.cpu.cpu_extensions import KernelUnavailable
@@ -19,11 +19,13 @@ log = logging.getLogger(__name__)
 
 
 def select_backend(name: str, device: torch.device, group_decodes_by_length: bool = True,
-                   cascade: bool | None = None, bf16_dot: bool = True) -> AttentionBackend:
+                   cascade: bool | None = None, bf16_dot: bool = True,
+                   few_lanes: bool = True) -> AttentionBackend:
     """`auto`: triton on CUDA; on CPU the in-place C++ kernel (cpu_attention.py), or the torch
     backend with a one-time warning when the kernel cannot be built here. `cascade`:
     shared-prefix attention in the cpu and triton backends (None: on in cpu, off in triton);
-    `bf16_dot`: the cpu kernel's AVX512-BF16 dot products on a bf16 cache."""
+    `bf16_dot`: the cpu kernel's AVX512-BF16 dot products on a bf16 cache; `few_lanes`:
+    its score and value loops for lane groups of at most 4 query vectors."""
     if name == "auto":
         name = "triton" if device.type == "cuda" else "cpu"
         if name == "cpu" and kernel_unavailable() is not None:
@@ -38,7 +40,7 @@ def select_backend(name: str, device: torch.device, group_decodes_by_length: boo
             raise ConfigError(f"attention backend 'cpu': the C++ kernel is unavailable ({reason}); "
                               "use --attention-backend torch")
         return CpuPagedAttention(load_kernel(), cascade is not False, fallback=TorchAttention(group_decodes_by_length),
-                                 bf16_dot=bf16_dot)
+                                 bf16_dot=bf16_dot, few_lanes=few_lanes)
     if name == "triton":
         from tts_runtime.executor.attention.triton_attention import TritonAttention
 
@@ -55,3 +57,9 @@ def kernel_unavailable() -> str | None:
         log.warning("CPU paged-attention kernel unavailable, using the torch backend: %s", exc)
         return str(exc)
     return None
+
+
+def backend_for(config: EngineConfig, device: torch.device) -> AttentionBackend:
+    """select_backend with an engine configuration's attention options."""
+    return select_backend(config.attention_backend, device, config.group_decodes_by_length,
+                          config.cascade_attention, config.attention_bf16_dot, config.attention_few_lanes)

@@ -40,16 +40,22 @@ def load_kernel(march: str | None = None) -> ModuleType:
 
 class CpuPagedAttention:
     """The C++ paged-attention kernel; `cascade` turns shared-prefix attention on, `bf16_dot`
-    the AVX512-BF16 dot products on a bf16 cache (where the build has them: `bf16_dot_available()`). Head sizes the
-    kernel does not take (not a multiple of 16, or over 256) go to `fallback`."""
+    the AVX512-BF16 dot products on a bf16 cache (where the build has them: `bf16_dot_available()`),
+    `few_lanes` the score and value loops of lane groups of at most 4 query vectors (one
+    decode row of a small GQA group), `prefetch_next_item` the prefetch of a thread's next item's
+    first keys during its current item's last tile (a switch for the benchmark only: measured
+    1.06x on beam search's decode, docs/benchmarks/beam_attention.md). Head sizes the kernel does
+    not take (not a multiple of 16, or over 256) go to `fallback`."""
 
     name = "cpu"
 
     def __init__(self, kernel: ModuleType, cascade: bool = True, fallback: AttentionBackend | None = None,
-                 bf16_dot: bool = True) -> None:
+                 bf16_dot: bool = True, few_lanes: bool = True, prefetch_next_item: bool = True) -> None:
         self.kernel = kernel
         self.cascade = cascade
         self.bf16_dot = bf16_dot
+        self.few_lanes = few_lanes
+        self.prefetch_next_item = prefetch_next_item
         self.fallback = fallback
         # Every layer of a forward passes the same metadata: plan once per forward.
         self._plan_for: tuple[AttentionMetadata, AttentionPlan] | None = None
@@ -77,5 +83,5 @@ class CpuPagedAttention:
         p = self.plan(meta, query.shape[0])
         self.kernel.paged_attention(query, k_cache, v_cache, p.tables, p.items, p.rows, p.parts_ptr, p.parts,
                                     out, float(scale), float(softcap or 0.0), int(sliding_window or 0),
-                                    self.bf16_dot)
+                                    self.bf16_dot, self.few_lanes, self.prefetch_next_item)
         return out

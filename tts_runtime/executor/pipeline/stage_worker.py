@@ -37,7 +37,7 @@ from dataclasses import dataclass, replace
 import torch
 import zmq
 
-from tts_runtime.executor.attention.backends import select_backend
+from tts_runtime.executor.attention.backends import backend_for
 from tts_runtime.executor.batch import ModelInput, ModelOutput
 from tts_runtime.executor.kv_cache import allocate_kv_cache
 from tts_runtime.executor.layer_ops import layer_ops
@@ -131,8 +131,7 @@ class StageWorker:
             torch.cuda.set_device(device)
         self.link = self._link(setup)
         self.models = {spec.key: self._load(spec) for spec in setup.models}
-        self.backend = select_backend(setup.config.attention_backend, device, setup.config.group_decodes_by_length,
-                                      setup.config.cascade_attention, setup.config.attention_bf16_dot)
+        self.backend = backend_for(setup.config, device)
         self.ops = layer_ops(device, setup.config, [m.model for m in self.models.values()])
         graphed = device.type == "cuda" and setup.config.cuda_graphs and self.backend.name == "triton"
         self.graphs = self._capture_graphs() if graphed else {}

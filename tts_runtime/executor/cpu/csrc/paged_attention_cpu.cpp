@@ -15,6 +15,13 @@
 // (vdpbf16ps, fp32 accumulation): query x key products are then exact as before, and only
 // the softmax weights are rounded to bf16 for the value sum (which is why that path takes
 // them from a coarser exp).
+//
+// Lane groups of at most four query vectors (a decode row of a small GQA group, the remainder
+// of a shared item's rows) fill few of a vector's lanes, so with `few_lanes` they take loops
+// of their own: scores along head_dim (each key row loaded once as D / L vectors and
+// multiplied with each query's row, a few keys at a time, the sums reduced across lanes at
+// the end), and value sums that broadcast each weight once per key for several chunks of
+// head_dim.
 
 // The few torch headers the kernel uses, not <torch/extension.h>: that one brings in torch's
 // whole C++ API and took about 22 of a kernel's 25 s of compiling (cpu_build.py).
@@ -43,6 +50,13 @@
 #define TTS_BF16_DOT 0
 #endif
 
+#if defined(__AVX2__)
+#include <immintrin.h>
+#define TTS_FEW_LANES 1
+#else
+#define TTS_FEW_LANES 0
+#endif
+
 namespace {
 
 using tts_vec::L, tts_vec::vfloat, tts_vec::vint, tts_vec::splat, tts_vec::exp_nonpositive;
@@ -67,6 +81,8 @@ constexpr int64_t kHeadDimMultiple = 16;
 // Lane groups of up to this many lanes keep lane-major value accumulators (see
 // lane_values_dot_by_dim).
 constexpr int64_t kMaxLanesByLane = 8;
+// Lane groups of up to this many lanes take few_lane_scores and few_lane_values.
+constexpr int64_t kMaxFewLanes = 4;
 
 // The K and V rows [from, to) of the next tile (head_dim D), into L2 (see lane_scores).
 template <typename T>
@@ -115,6 +131,8 @@ struct Params {
   float scale, softcap;  // softcap <= 0: none
   int64_t window;        // <= 0: none
   bool bf16_dot;         // bf16 cache: dot products on AVX512-BF16 (only where compiled in)
+  bool few_lanes;        // lane groups of <= kMaxFewLanes lanes: few_lane_scores and few_lane_values
+  bool prefetch_next_item;  // an item's last tile prefetches the first keys of the thread's next item
 };
 
 // Partials, indexed by (entry, head): running max and sum, and the value accumulator.
@@ -140,6 +158,7 @@ inline void row_offsets(const int32_t* table, const CacheView& c, int64_t from, 
 // One lane group's queries and running softmax state over the keys it has seen.
 struct LaneState {
   vfloat qt[kMaxHeadDim];          // qt[d][lane]
+  float qrow[kMaxFewLanes][kMaxHeadDim];  // the first lanes' queries again, row by row
   vint lo, hi;                      // each lane's visible keys [lo, hi)
   vfloat m, l;                      // running max and sum
   vfloat acc[L * kMaxHeadDim / KS];  // lane-major [lane][d / KS][KS], or dim-major [d][lane]
@@ -149,6 +168,17 @@ struct LaneState {
   __m512i qp[kMaxHeadDim / 2];
 #endif
 };
+
+// A key's raw dot products (one per lane) to its masked, scaled, capped scores.
+inline vfloat finish_scores(const LaneState& st, vfloat dots, int64_t key, const Params& prm, bool mask) {
+  vfloat x = dots * prm.scale;
+  if (prm.softcap > 0.0f) x = soft_cap(x, prm.softcap);
+  if (mask) {
+    const vint k = vint{} + static_cast<int32_t>(key);
+    x = (k >= st.lo) & (k < st.hi) ? x : splat(kNegInf);
+  }
+  return x;
+}
 
 // s[j][lane] = masked, scaled score of key j0 + j, for keys [j0, j0 + n8). The next tile's
 // rows (knext/vnext, nnext of them) sit in other blocks of the pool: each block of KB keys
@@ -167,15 +197,135 @@ void lane_scores(const LaneState& st, const T* const* krows, int64_t j0, int64_t
       const vfloat q = st.qt[d];
       for (int64_t k = 0; k < KB; ++k) a[k] += to_float(krows[jb + k][d]) * q;
     }
-    for (int64_t k = 0; k < KB; ++k) {
-      vfloat x = a[k] * prm.scale;
-      if (prm.softcap > 0.0f) x = soft_cap(x, prm.softcap);
-      if (mask) {
-        const vint key = vint{} + static_cast<int32_t>(j0 + jb + k);
-        x = (key >= st.lo) & (key < st.hi) ? x : splat(kNegInf);
+    for (int64_t k = 0; k < KB; ++k) s[jb + k] = finish_scores(st, a[k], j0 + jb + k, prm, mask);
+  }
+}
+
+#if TTS_FEW_LANES
+// The four lane sums of a0..a3, in that order.
+inline __m128 lane_sums4(vfloat a0, vfloat a1, vfloat a2, vfloat a3) {
+#if defined(__AVX512F__)
+  const auto fold = [](vfloat x) {
+    const __m512 v = reinterpret_cast<__m512>(x);
+    return _mm256_add_ps(_mm512_castps512_ps256(v),
+                         _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)));
+  };
+  const __m256 b0 = fold(a0), b1 = fold(a1), b2 = fold(a2), b3 = fold(a3);
+#else
+  const __m256 b0 = reinterpret_cast<__m256>(a0), b1 = reinterpret_cast<__m256>(a1);
+  const __m256 b2 = reinterpret_cast<__m256>(a2), b3 = reinterpret_cast<__m256>(a3);
+#endif
+  // [b0 01, b1 01, b2 01, b3 01 | the same for elements 4-7] after two rounds of pairwise sums.
+  const __m256 t = _mm256_hadd_ps(_mm256_hadd_ps(b0, b1), _mm256_hadd_ps(b2, b3));
+  return _mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1));
+}
+
+// Four lanes' scores in the first lanes of a vector, the rest zero (as the lane path leaves
+// lanes without a query).
+inline vfloat widen(__m128 x) {
+#if defined(__AVX512F__)
+  return reinterpret_cast<vfloat>(_mm512_zextps128_ps512(x));
+#else
+  return reinterpret_cast<vfloat>(_mm256_zextps128_ps256(x));
+#endif
+}
+
+// lane_scores for a group of R <= 4 lanes: for KG keys at a time, each key row is loaded once
+// per head_dim chunk and multiplied with the R query rows (KG x R accumulators: with R = 4,
+// two keys, so that they and a key chunk fit AVX2's 16 registers), then each accumulator is
+// summed across its lanes. The broadcast loop spends the same instructions per key whatever
+// the lane count, so a 3-lane group (a decode row of SmolLM2's 3-query GQA group) used 3 of
+// AVX2's 8 lanes, 3 of AVX-512's 16.
+template <int R, typename T>
+void few_lane_scores(const LaneState& st, const T* const* krows, int64_t j0, int64_t n8, int64_t D,
+                     const Params& prm, bool mask, vfloat* s, const T* const* knext, const T* const* vnext,
+                     int64_t nnext) {
+  static_assert(R >= 1 && R <= kMaxFewLanes, "few_lane_scores takes 1 to 4 lanes");
+  constexpr int KG = R <= 3 ? 4 : 2;
+  static_assert(KB % KG == 0, "key groups tile a block");
+  for (int64_t jb = 0; jb < n8; jb += KB) {
+    prefetch_rows(knext, vnext, jb, std::min(jb + KB, nnext), D);
+    for (int64_t k0 = jb; k0 < jb + KB; k0 += KG) {
+      vfloat a[KG][R] = {};
+      for (int64_t c = 0; c < D; c += L) {
+        for (int k = 0; k < KG; ++k) {
+          const vfloat key = load_vector(krows[k0 + k] + c);
+          for (int r = 0; r < R; ++r) a[k][r] += key * load_vector(st.qrow[r] + c);
+        }
       }
-      s[jb + k] = x;
+      __m128 by_key[KG];
+      if constexpr (KG == 4) {
+        __m128 rows[4];  // rows[r]: lane r's scores of the four keys
+        for (int r = 0; r < 4; ++r) rows[r] = r < R ? lane_sums4(a[0][r], a[1][r], a[2][r], a[3][r]) : _mm_setzero_ps();
+        _MM_TRANSPOSE4_PS(rows[0], rows[1], rows[2], rows[3]);
+        for (int k = 0; k < 4; ++k) by_key[k] = rows[k];
+      } else {
+        // [key 0, key 1] of lanes 0 and 1, then of lanes 2 and 3.
+        const __m128 x0 = lane_sums4(a[0][0], a[1][0], a[0][1], a[1][1]);
+        const __m128 x1 = lane_sums4(a[0][2], a[1][2], a[0][3], a[1][3]);
+        by_key[0] = _mm_shuffle_ps(x0, x1, _MM_SHUFFLE(2, 0, 2, 0));
+        by_key[1] = _mm_shuffle_ps(x0, x1, _MM_SHUFFLE(3, 1, 3, 1));
+      }
+      for (int k = 0; k < KG; ++k) s[k0 + k] = finish_scores(st, widen(by_key[k]), j0 + k0 + k, prm, mask);
     }
+  }
+}
+
+// few_lane_scores for `lanes` lanes.
+template <typename T>
+void few_lane_scores(int64_t lanes, const LaneState& st, const T* const* krows, int64_t j0, int64_t n8, int64_t D,
+                     const Params& prm, bool mask, vfloat* s, const T* const* knext, const T* const* vnext,
+                     int64_t nnext) {
+  switch (lanes) {
+    case 1: return few_lane_scores<1>(st, krows, j0, n8, D, prm, mask, s, knext, vnext, nnext);
+    case 2: return few_lane_scores<2>(st, krows, j0, n8, D, prm, mask, s, knext, vnext, nnext);
+    case 3: return few_lane_scores<3>(st, krows, j0, n8, D, prm, mask, s, knext, vnext, nnext);
+    default: return few_lane_scores<4>(st, krows, j0, n8, D, prm, mask, s, knext, vnext, nnext);
+  }
+}
+#endif
+
+// lane_values for R <= 4 lanes over head_dim chunks [c_begin, c_end), CH chunks at a time:
+// each key's R weights are broadcast once for CH chunks (R x CH accumulators; lane_values
+// broadcasts them again for every chunk, for 4 lanes whatever the group holds).
+template <int R, int CH, typename T>
+void few_lane_values(LaneState& st, const T* const* vrows, int64_t n8, int64_t chunks, int64_t c_begin,
+                     int64_t c_end, const vfloat* s, vfloat alpha) {
+  for (int64_t c0 = c_begin; c0 + CH <= c_end; c0 += CH) {
+    vfloat a[R][CH];
+    for (int r = 0; r < R; ++r)
+      for (int c = 0; c < CH; ++c) a[r][c] = st.acc[r * chunks + c0 + c] * alpha[r];
+    for (int64_t j = 0; j < n8; ++j) {
+      vfloat w[R];
+      for (int r = 0; r < R; ++r) w[r] = splat(s[j][r]);
+      for (int c = 0; c < CH; ++c) {
+        const vfloat v = load_vector(vrows[j] + (c0 + c) * KS);
+        for (int r = 0; r < R; ++r) a[r][c] += w[r] * v;
+      }
+    }
+    for (int r = 0; r < R; ++r)
+      for (int c = 0; c < CH; ++c) st.acc[r * chunks + c0 + c] = a[r][c];
+  }
+}
+
+// few_lane_values over all of head_dim: four chunks at a time (two with 4 lanes, so that the
+// accumulators, weights and a value vector fit AVX2's 16 registers), the rest one by one.
+template <int R, typename T>
+void few_lane_values(LaneState& st, const T* const* vrows, int64_t n8, int64_t D, const vfloat* s, vfloat alpha) {
+  constexpr int CH = R <= 3 ? 4 : 2;
+  const int64_t chunks = D / KS, grouped = chunks / CH * CH;
+  few_lane_values<R, CH>(st, vrows, n8, chunks, 0, grouped, s, alpha);
+  few_lane_values<R, 1>(st, vrows, n8, chunks, grouped, chunks, s, alpha);
+}
+
+template <typename T>
+void few_lane_values(int64_t lanes, LaneState& st, const T* const* vrows, int64_t n8, int64_t D, const vfloat* s,
+                     vfloat alpha) {
+  switch (lanes) {
+    case 1: return few_lane_values<1>(st, vrows, n8, D, s, alpha);
+    case 2: return few_lane_values<2>(st, vrows, n8, D, s, alpha);
+    case 3: return few_lane_values<3>(st, vrows, n8, D, s, alpha);
+    default: return few_lane_values<4>(st, vrows, n8, D, s, alpha);
   }
 }
 
@@ -248,15 +398,8 @@ void lane_scores_dot(const LaneState& st, const c10::BFloat16* const* krows, int
       for (int64_t k = 0; k < KB; ++k)
         a[k] = _mm512_dpbf16_ps(a[k], q, reinterpret_cast<__m512bh>(broadcast_pair(krows[jb + k] + 2 * p)));
     }
-    for (int64_t k = 0; k < KB; ++k) {
-      vfloat x = reinterpret_cast<vfloat>(a[k]) * prm.scale;
-      if (prm.softcap > 0.0f) x = soft_cap(x, prm.softcap);
-      if (mask) {
-        const vint key = vint{} + static_cast<int32_t>(j0 + jb + k);
-        x = (key >= st.lo) & (key < st.hi) ? x : splat(kNegInf);
-      }
-      s[jb + k] = x;
-    }
+    for (int64_t k = 0; k < KB; ++k)
+      s[jb + k] = finish_scores(st, reinterpret_cast<vfloat>(a[k]), j0 + jb + k, prm, mask);
   }
 }
 
@@ -405,6 +548,8 @@ LaneRange start_lanes(std::vector<LaneState>& states, const T* query, int64_t q_
       }
 #endif
       for (int64_t d = 0; d < D; ++d) st.qt[d][r] = to_float(src[d]);
+      if (r < kMaxFewLanes)
+        for (int64_t d = 0; d < D; ++d) st.qrow[r][d] = to_float(src[d]);
     }
   }
   return {first, last, all_lo, all_hi};
@@ -414,7 +559,7 @@ LaneRange start_lanes(std::vector<LaneState>& states, const T* query, int64_t q_
 // (all heads of a token sit together in the pool) are in cache.
 template <typename T>
 void attend_item(const T* query, int64_t q_token_stride, const T* k_cache, const T* v_cache,
-                 const CacheView& cache, const Plan& plan, const Params& prm, int64_t item,
+                 const CacheView& cache, const Plan& plan, const Params& prm, int64_t item, int64_t next_item,
                  std::vector<LaneState>& states, Partials part) {
   const int32_t* it = plan.items + item * 5;
   const int64_t seq = it[0], row_begin = it[3], row_end = it[4];
@@ -433,6 +578,7 @@ void attend_item(const T* query, int64_t q_token_stride, const T* k_cache, const
     const int64_t lanes = std::min(L, R - v0);
     const LaneRange range = start_lanes(states, query, q_token_stride, plan, prm, it, v0, lanes);
     const bool dim_major = use_dot<T>(prm) && lanes > kMaxLanesByLane;
+    const bool few_lanes = TTS_FEW_LANES && prm.few_lanes && lanes <= kMaxFewLanes;
     const int64_t first = range.first, last = range.last;
     if (first < last) row_offsets(table, cache, first, std::min(KT, last - first), noffsets);
     for (int64_t j0 = first; j0 < last; j0 += KT) {
@@ -440,10 +586,15 @@ void attend_item(const T* query, int64_t q_token_stride, const T* k_cache, const
       std::copy(noffsets, noffsets + n, offsets);
       std::fill(offsets + n, offsets + n8, offsets[0]);  // past the last key: any valid row, masked out
       const bool mask = j0 < range.all_lo || j0 + n8 > range.all_hi;
-      // Within this item only: items are few and long (a shared prompt) or short (a beam's
-      // suffix), and which item a thread takes next is decided when it gets there.
-      const int64_t nnext = std::max<int64_t>(0, std::min(j0 + 2 * KT, last) - (j0 + KT));
+      int64_t nnext = std::max<int64_t>(0, std::min(j0 + 2 * KT, last) - (j0 + KT));
       row_offsets(table, cache, j0 + KT, nnext, noffsets);
+      if (prm.prefetch_next_item && j0 + KT >= last && v0 + L >= R && next_item >= 0) {
+        // The item's last tile: the next item's first keys instead, so that a beam's short
+        // suffix does not start on keys that are still in memory.
+        const int32_t* nit = plan.items + next_item * 5;
+        nnext = std::min<int64_t>(KT, nit[2] - nit[1]);
+        row_offsets(plan.tables + nit[0] * plan.table_width, cache, nit[1], nnext, noffsets);
+      }
       for (int64_t h = 0; h < prm.num_kv_heads; ++h) {
         for (int64_t j = 0; j < n8; ++j) {
           krows[j] = k_cache + offsets[j] + h * cache.head_stride;
@@ -464,6 +615,13 @@ void attend_item(const T* query, int64_t q_token_stride, const T* k_cache, const
               lane_values_dot_by_lane(states[h], vrows, n8, D, lanes, s, alpha);
             continue;
           }
+        }
+#endif
+#if TTS_FEW_LANES
+        if (few_lanes) {
+          few_lane_scores(lanes, states[h], krows, j0, n8, D, prm, mask, s, knext, vnext, nnext);
+          few_lane_values(lanes, states[h], vrows, n8, D, s, lane_softmax<false>(states[h], n8, s));
+          continue;
         }
 #endif
         lane_scores(states[h], krows, j0, n8, D, prm, mask, s, knext, vnext, nnext);
@@ -536,7 +694,7 @@ CacheView cache_view(const at::Tensor& cache) {
 void paged_attention(const at::Tensor& query, const at::Tensor& k_cache, const at::Tensor& v_cache,
                      const at::Tensor& tables, const at::Tensor& items, const at::Tensor& rows,
                      const at::Tensor& parts_ptr, const at::Tensor& parts, at::Tensor& out, double scale,
-                     double softcap, int64_t window, bool bf16_dot) {
+                     double softcap, int64_t window, bool bf16_dot, bool few_lanes, bool prefetch_next_item) {
   TORCH_CHECK(query.dim() == 3 && query.stride(2) == 1 && query.stride(1) == query.size(2),
               "query must be [tokens, heads, head_dim] with contiguous heads");
   TORCH_CHECK(out.sizes() == query.sizes() && out.stride(2) == 1 && out.stride(1) == out.size(2),
@@ -549,7 +707,8 @@ void paged_attention(const at::Tensor& query, const at::Tensor& k_cache, const a
     TORCH_CHECK(t->scalar_type() == at::kInt && t->is_contiguous(), "plan tensors must be contiguous int32");
   const CacheView cache = cache_view(k_cache);
   const Params prm{query.size(1), k_cache.size(2), query.size(2), static_cast<float>(scale),
-                   static_cast<float>(softcap), window, bf16_dot && TTS_BF16_DOT && dot_shape_ok(query)};
+                   static_cast<float>(softcap), window, bf16_dot && TTS_BF16_DOT && dot_shape_ok(query),
+                   few_lanes && TTS_FEW_LANES, prefetch_next_item};
   TORCH_CHECK(prm.num_heads % prm.num_kv_heads == 0, "heads must be a multiple of kv heads");
   TORCH_CHECK(k_cache.size(3) == prm.head_dim, "head_dim mismatch");
   TORCH_CHECK(prm.head_dim % kHeadDimMultiple == 0 && prm.head_dim <= kMaxHeadDim,
@@ -574,8 +733,13 @@ void paged_attention(const at::Tensor& query, const at::Tensor& k_cache, const a
     std::atomic<int64_t> next{0};
     at::parallel_for(0, std::min<int64_t>(at::get_num_threads(), num_items), 1, [&](int64_t, int64_t) {
       std::vector<LaneState> states(prm.num_kv_heads);
-      for (int64_t w = next++; w < num_items; w = next++)
-        attend_item<scalar_t>(q, query.stride(0), kc, vc, cache, plan, prm, w, states, part);
+      // Each thread claims its next item one ahead, to prefetch its first keys.
+      for (int64_t w = next++; w < num_items;) {
+        const int64_t after = next++;
+        attend_item<scalar_t>(q, query.stride(0), kc, vc, cache, plan, prm, w, after < num_items ? after : -1,
+                              states, part);
+        w = after;
+      }
     });
     scalar_t* o = out.data_ptr<scalar_t>();
     const int32_t* pp = parts_ptr.data_ptr<int32_t>();
