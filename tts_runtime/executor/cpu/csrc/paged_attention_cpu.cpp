@@ -158,7 +158,7 @@ inline void row_offsets(const int32_t* table, const CacheView& c, int64_t from, 
 // One lane group's queries and running softmax state over the keys it has seen.
 struct LaneState {
   vfloat qt[kMaxHeadDim];          // qt[d][lane]
-  float qrow[kMaxFewLanes][kMaxHeadDim];  // the first lanes' queries again, row by row
+  float qrow[kMaxFewLanes][kMaxHeadDim];  // a group of <= kMaxFewLanes lanes' queries again, row by row
   vint lo, hi;                      // each lane's visible keys [lo, hi)
   vfloat m, l;                      // running max and sum
   vfloat acc[L * kMaxHeadDim / KS];  // lane-major [lane][d / KS][KS], or dim-major [d][lane]
@@ -548,7 +548,7 @@ LaneRange start_lanes(std::vector<LaneState>& states, const T* query, int64_t q_
       }
 #endif
       for (int64_t d = 0; d < D; ++d) st.qt[d][r] = to_float(src[d]);
-      if (r < kMaxFewLanes)
+      if (lanes <= kMaxFewLanes)  // only few_lane_scores reads them
         for (int64_t d = 0; d < D; ++d) st.qrow[r][d] = to_float(src[d]);
     }
   }
