@@ -274,6 +274,12 @@ class EngineConfig:
                                  "copy in the memory budget), streamed (tts's kernels on weights packed once into "
                                  "one stream: bf16 on AVX512-BF16, fp32 on AVX2), or torch (F.linear).",
                                  panel="Kernels")
+    # The last layer past attention (output projection, MLP, final norm) only on the rows
+    # whose logits are read: a PRM chunk's label positions, a prompt's last token. Every row's
+    # K/V is still stored. Off: every row, as HF runs it.
+    prune_last_layer: bool = option(True, "Run the last layer's output projection and MLP only on the rows whose "
+                                    "logits are read (PRM label positions, a prompt's last token).",
+                                    panel="Kernels")
     # CPU: RMSNorm, rotary embedding and the gated activation as one C++ pass each
     # (executor/cpu/cpu_layer_ops.py), rounding where torch's eager ops round; off: the eager ops,
     # bit-exact with HF.

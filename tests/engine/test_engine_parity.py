@@ -84,6 +84,41 @@ def test_score_matches_hf_forward(prm_model, hf_reference, cached_prefix):
     assert torch.tensor(out.scores).sub(expected).abs().max().item() <= 1e-4
 
 
+def test_pruned_last_layer_scores_and_generates_as_the_whole_layer(generator_model, prm_model):
+    """--prune-last-layer: the last layer's MLP sees only the rows whose logits are read (a
+    scored chunk's label positions; a prompt's last token), and the scores and greedy tokens
+    are those of the whole layer."""
+    tok = prm_model.tokenizer
+    ids = tok("Question: what is 7 * 8 - 6?\nStep 1: 7 * 8 = 56.\n\nStep 2: 56 - 6 = 50. Answer:")["input_ids"]
+    candidates = [tok.convert_tokens_to_ids(t) for t in ["▁Yes", "▁No"]]
+    positions = [len(ids) - 20, len(ids) - 1]
+    prompts = question_prompts(generator_model)[:3]
+    results = {}
+    for prune in (True, False):
+        config = EngineConfig(prune_last_layer=prune, cache=CacheConfig(enable_prefix_caching=False))
+        seen: list[int] = []
+        handles = [loaded.model.layers[-1].mlp.register_forward_hook(lambda m, args, out: seen.append(args[0].shape[0]))
+                   for loaded in (prm_model, generator_model)]
+        try:
+            scores = Engine(prm_model.name, config, loaded=prm_model).score([ids], ScoreParams(positions, candidates))
+            score_rows = list(seen)
+            seen.clear()
+            generated = Engine(generator_model.name, config, loaded=generator_model).generate(
+                prompts, SamplingParams(temperature=0, max_tokens=8))
+        finally:
+            for handle in handles:
+                handle.remove()
+        results[prune] = (scores[0].scores, [o.completions[0].token_ids for o in generated])
+        # The prefill of 3 prompts in one forward; then 7 decode steps of 3 rows.
+        if prune:
+            assert score_rows == [len(positions)] and seen == [len(prompts)] * 8
+        else:
+            assert score_rows == [len(ids)] and seen == [sum(len(p) for p in prompts)] + [len(prompts)] * 7
+    (pruned_scores, pruned_tokens), (whole_scores, whole_tokens) = results[True], results[False]
+    assert torch.tensor(pruned_scores).sub(torch.tensor(whole_scores)).abs().max().item() <= 1e-6
+    assert pruned_tokens == whole_tokens
+
+
 def test_one_batch_mixing_logits_and_probability_scores(prm_model):
     """Score rows of one forward go to each request in the form it asked for: raw logits
     for return_logits, their softmax otherwise."""

@@ -52,7 +52,7 @@ def build_local_executor(loaded: LoadedModel, config: EngineConfig, num_blocks: 
     backend = backend_for(config, device)
     ops = layer_ops(device, config, [loaded.model])
     return LocalExecutor(loaded.model, caches, backend, ops,
-                         decode_graphs(loaded, caches, backend, ops, config, num_blocks))
+                         decode_graphs(loaded, caches, backend, ops, config, num_blocks), config.prune_last_layer)
 
 
 def build_executor(loaded: LoadedModel, config: EngineConfig, num_blocks: int,

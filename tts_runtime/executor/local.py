@@ -19,14 +19,18 @@ from tts_runtime.models.layers import EAGER_OPS, LayerOps
 
 class LocalExecutor:
     """Runs the model with the layer ops and attention backend it was built with. With
-    `graphs` (CUDA only), decode-only batches the runner accepts replay a captured graph."""
+    `graphs` (CUDA only), decode-only batches the runner accepts replay a captured graph.
+    `prune_last_layer`: the last layer runs past attention only on the rows whose logits are
+    read (`output_rows`)."""
 
     depth = 1  # microbatches in flight
     samples = False  # the driver samples the logits it returns
 
     def __init__(self, model: DecoderModel, kv_caches: KVCaches, backend: AttentionBackend,
-                 ops: LayerOps = EAGER_OPS, graphs: CudaGraphRunner | None = None) -> None:
+                 ops: LayerOps = EAGER_OPS, graphs: CudaGraphRunner | None = None,
+                 prune_last_layer: bool = False) -> None:
         self.model = model
+        self.prune_last_layer = prune_last_layer
         self.kv_caches = kv_caches
         self.backend = backend
         self.ops = ops
@@ -44,16 +48,29 @@ class LocalExecutor:
     def execute(self, batch: ModelInput) -> ModelOutput:
         if self.graphs is not None and self.graphs.can_run(batch):
             return self.graphs.run(batch)
-        hidden = self.model(batch.input_ids, batch.positions, self.kv_caches, batch.meta, self.backend, self.ops)
-        return compute_output_logits(self.model, hidden, batch, self.ops)
+        rows = output_rows(batch) if self.prune_last_layer else None
+        hidden = self.model(batch.input_ids, batch.positions, self.kv_caches, batch.meta, self.backend, self.ops,
+                            rows)
+        return compute_output_logits(self.model, hidden, batch, self.ops, rows)
 
     def shutdown(self) -> None:
         pass
 
 
+def output_rows(batch: ModelInput) -> torch.Tensor | None:
+    """The rows whose logits are read (sampled or scored), in order; None where that is every
+    row (a decode-only batch), so that nothing is selected for nothing."""
+    rows = torch.cat([batch.sample_rows, *(r for r, _ in batch.score_rows)]).unique()
+    return None if rows.numel() == batch.input_ids.shape[0] else rows
+
+
 def compute_output_logits(model: DecoderModel, hidden: torch.Tensor, batch: ModelInput,
-                          ops: LayerOps) -> ModelOutput:
-    """Only the rows that are used, and for scores only the candidate columns."""
-    sample_logits = model.compute_logits(hidden[batch.sample_rows], ops=ops)
-    score_logits = [model.compute_logits(hidden[rows], columns, ops) for rows, columns in batch.score_rows]
+                          ops: LayerOps, rows: torch.Tensor | None = None) -> ModelOutput:
+    """Only the rows that are used, and for scores only the candidate columns. `rows`: the
+    batch rows `hidden` holds, in order, where it holds only those (output_rows)."""
+    def at(wanted: torch.Tensor) -> torch.Tensor:
+        return hidden[wanted if rows is None else torch.searchsorted(rows, wanted)]
+
+    sample_logits = model.compute_logits(at(batch.sample_rows), ops=ops)
+    score_logits = [model.compute_logits(at(wanted), columns, ops) for wanted, columns in batch.score_rows]
     return ModelOutput(sample_logits, score_logits)

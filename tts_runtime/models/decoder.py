@@ -52,7 +52,9 @@ class Attention(nn.Module):
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                 kv_cache: tuple[torch.Tensor, torch.Tensor], meta: AttentionMetadata,
-                backend: AttentionBackend, ops: LayerOps) -> torch.Tensor:
+                backend: AttentionBackend, ops: LayerOps, keep: torch.Tensor | None = None) -> torch.Tensor:
+        """`keep`: the rows to return (the output projection runs on those only); every row's
+        K/V is stored and attended with."""
         t = x.shape[0]
         q, k, v = project(x, self.qkv_proj, ops).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = q.view(t, self.num_heads, self.head_dim)
@@ -63,8 +65,8 @@ class Attention(nn.Module):
         q, k = ops.rotary_qk(q, k, cos, sin)
         k_cache, v_cache = kv_cache
         backend.store_kv(k, v, k_cache, v_cache, meta.slot_mapping)
-        out = backend.attend(q, k_cache, v_cache, meta, self.scale, self.window, self.softcap)
-        return project(out.reshape(t, self.q_size), self.o_proj, ops)
+        out = backend.attend(q, k_cache, v_cache, meta, self.scale, self.window, self.softcap).reshape(t, self.q_size)
+        return project(out if keep is None else out[keep], self.o_proj, ops)
 
 
 class DecoderLayer(nn.Module):
@@ -82,8 +84,11 @@ class DecoderLayer(nn.Module):
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                 kv_cache: tuple[torch.Tensor, torch.Tensor], meta: AttentionMetadata,
-                backend: AttentionBackend, ops: LayerOps) -> torch.Tensor:
-        h = self.self_attn(self.input_layernorm(x, ops), cos, sin, kv_cache, meta, backend, ops)
+                backend: AttentionBackend, ops: LayerOps, keep: torch.Tensor | None = None) -> torch.Tensor:
+        """`keep`: past attention, only these rows (see DecoderModel.run_layers)."""
+        h = self.self_attn(self.input_layernorm(x, ops), cos, sin, kv_cache, meta, backend, ops, keep)
+        if keep is not None:
+            x = x[keep]
         if self.pre_feedforward_layernorm is None:
             x = x + h
             return x + self.mlp(self.post_attention_layernorm(x, ops), ops)
@@ -135,9 +140,11 @@ class DecoderModel(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
                 kv_caches: list[tuple[torch.Tensor, torch.Tensor]], meta: AttentionMetadata,
-                backend: AttentionBackend, ops: LayerOps = EAGER_OPS) -> torch.Tensor:
+                backend: AttentionBackend, ops: LayerOps = EAGER_OPS,
+                output_rows: torch.Tensor | None = None) -> torch.Tensor:
+        """Final hidden states of every row, or of `output_rows` only (run_layers)."""
         x = self.embed(input_ids)
-        x = self.run_layers(x, positions, kv_caches, meta, backend, ops, range(len(self.layers)))
+        x = self.run_layers(x, positions, kv_caches, meta, backend, ops, range(len(self.layers)), output_rows)
         return self.norm(x, ops)
 
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
@@ -148,13 +155,20 @@ class DecoderModel(nn.Module):
 
     def run_layers(self, x: torch.Tensor, positions: torch.Tensor,
                    kv_caches: list[tuple[torch.Tensor, torch.Tensor]], meta: AttentionMetadata,
-                   backend: AttentionBackend, ops: LayerOps, layers: range) -> torch.Tensor:
+                   backend: AttentionBackend, ops: LayerOps, layers: range,
+                   output_rows: torch.Tensor | None = None) -> torch.Tensor:
         """Layers `layers` (a pipeline stage's slice); `kv_caches[i]` belongs to layer
-        `layers[i]`."""
+        `layers[i]`. With `output_rows`, the model's last layer (where in `layers`) runs past
+        attention on those rows only and returns them: nothing reads the other rows' last
+        hidden states, only the K/V every layer stores. A PRM chunk of a few hundred tokens
+        is read at one label position, so its last layer's output projection and MLP shrink
+        to that row."""
         tables = [rotary_cos_sin(f, positions, x.dtype) for f in self._inverse_frequencies(positions.device)]
+        last = len(self.layers) - 1
         for index, kv_cache in zip(layers, kv_caches):
             cos, sin = tables[self._layer_rope_slot[index]]
-            x = self.layers[index](x, cos, sin, kv_cache, meta, backend, ops)
+            keep = output_rows if index == last else None
+            x = self.layers[index](x, cos, sin, kv_cache, meta, backend, ops, keep)
         return x
 
     def drop_layers_outside(self, part: ModelPart) -> None:

@@ -100,6 +100,45 @@ def test_bf16_dot_products_are_built_where_the_cpu_has_them(kernel, kernel_march
     assert kernel.bf16_dot_available() == (kernel_march == "native" and cpu_features.has("avx512_bf16"))
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("pool", ["per-layer", "block-major"])
+def test_store_kv_writes_what_torch_writes(kernel, dtype: torch.dtype, pool: str) -> None:
+    """The kernel's store of new K/V puts each token's heads at its slot, as torch's
+    index_copy_ does, in a per-layer pool and in the elastic pool's block-major views, from
+    K/V whose rows are slices of a fused projection's output."""
+    from tts_runtime.executor.attention.attention import store_kv
+    from tts_runtime.executor.kv_cache import shared_kv_views
+    from tts_runtime.models.arch import arch_from_hf
+
+    gen = torch.Generator().manual_seed(0)
+    tokens, heads, dim, blocks, block_size = 37, 3, 64, 12, 16
+    qkv = torch.randn(tokens, (3 + 2) * heads * dim, generator=gen).to(dtype)
+    key = qkv[:, 3 * heads * dim: 4 * heads * dim].view(tokens, heads, dim)
+    value = qkv[:, 4 * heads * dim:].view(tokens, heads, dim)
+    slots = torch.randperm(blocks * block_size, generator=gen)[:tokens]
+
+    def pools() -> tuple[torch.Tensor, torch.Tensor]:
+        if pool == "per-layer":
+            return (torch.zeros(blocks, block_size, heads, dim, dtype=dtype),
+                    torch.zeros(blocks, block_size, heads, dim, dtype=dtype))
+        arch = arch_from_hf({"model_type": "llama", "num_hidden_layers": 2, "num_attention_heads": heads,
+                             "num_key_value_heads": heads, "hidden_size": heads * dim, "head_dim": dim,
+                             "intermediate_size": 8, "vocab_size": 8})
+        size = torch.empty((), dtype=dtype).element_size()
+        stride = 2 * 2 * block_size * heads * dim * size + 64
+        views = shared_kv_views(torch.zeros(blocks * stride, dtype=torch.uint8), arch, blocks, block_size, stride, dtype)
+        return views[1]
+
+    want_k, want_v = pools()
+    store_kv(key, value, want_k, want_v, slots)
+    got_k, got_v = pools()
+    CpuPagedAttention(kernel).store_kv(key, value, got_k, got_v, slots)
+    assert torch.equal(got_k, want_k) and torch.equal(got_v, want_v)
+    assert int((want_k != 0).any(-1).any(-1).sum()) == tokens  # every token landed in a slot of its own
+    with pytest.raises(RuntimeError, match="outside the pool"):
+        kernel.store_kv(key, value, got_k, got_v, slots + blocks * block_size)
+
+
 def test_prefix_tree_groups_by_block_ids() -> None:
     case = CASES["beams-diverging-at-different-blocks"]
     meta = build(case)[3]

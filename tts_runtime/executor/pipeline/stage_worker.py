@@ -41,7 +41,7 @@ from tts_runtime.executor.attention.backends import backend_for
 from tts_runtime.executor.batch import ModelInput, ModelOutput
 from tts_runtime.executor.kv_cache import allocate_kv_cache
 from tts_runtime.executor.layer_ops import layer_ops
-from tts_runtime.executor.local import compute_output_logits
+from tts_runtime.executor.local import compute_output_logits, output_rows
 from tts_runtime.executor.pipeline import wire
 from tts_runtime.executor.pipeline.activation_link import ActivationLink, DistributedLink, SharedMemoryLink
 from tts_runtime.executor.pipeline.stage_graphs import StageGraphs
@@ -248,20 +248,24 @@ class StageWorker:
             hidden = None  # the graph embeds
         start = time.perf_counter()
         self.events.append(("wait", launch.microbatch, version, wait, start))
+        rows = None
         if padded is not None:
             hidden = self.graphs[launch.model][version].replay(padded, batch.input_ids.shape[0], hidden)
         else:
+            if self.setup.is_last and self.setup.config.prune_last_layer:
+                rows = output_rows(batch)
             hidden = stage_model.model.run_layers(hidden, batch.positions, stage_model.kv_caches, batch.meta,
-                                                  self.backend, self.ops, stage_model.layers)
+                                                  self.backend, self.ops, stage_model.layers, rows)
         if self.setup.is_last:
-            self._send(StageResult(launch.microbatch, self._output(stage_model, hidden, launch)))
+            self._send(StageResult(launch.microbatch, self._output(stage_model, hidden, launch, rows)))
         else:
             self.link.send(launch.microbatch, hidden)
         self.events.append(("compute", launch.microbatch, version, start, time.perf_counter()))
 
-    def _output(self, stage_model: _StageModel, hidden: torch.Tensor, launch: Launch) -> ModelOutput:
+    def _output(self, stage_model: _StageModel, hidden: torch.Tensor, launch: Launch,
+                rows: torch.Tensor | None) -> ModelOutput:
         model = stage_model.model
-        output = compute_output_logits(model, model.norm(hidden, self.ops), launch.batch, self.ops)
+        output = compute_output_logits(model, model.norm(hidden, self.ops), launch.batch, self.ops, rows)
         scores = [logits.cpu() for logits in output.score_logits]  # no-ops on a CPU stage
         plan = launch.sample_plan
         if plan is None:

@@ -750,8 +750,43 @@ void paged_attention(const at::Tensor& query, const at::Tensor& k_cache, const a
   });
 }
 
+// key/value [T, Hkv, D] (each token's heads contiguous) into the pools' slots (slot = block *
+// block_size + offset; any block stride), one copy per token and pool: torch's index_copy_
+// took 20-80 us a layer for a decode step or a PRM chunk, a whole forward's worth of copies.
+void store_kv(const at::Tensor& key, const at::Tensor& value, at::Tensor& k_cache, at::Tensor& v_cache,
+              const at::Tensor& slots) {
+  const CacheView cache = cache_view(k_cache);
+  const int64_t heads = k_cache.size(2), dim = k_cache.size(3), tokens = key.size(0);
+  TORCH_CHECK(k_cache.strides() == v_cache.strides() && k_cache.sizes() == v_cache.sizes(),
+              "k_cache and v_cache must share a layout");
+  TORCH_CHECK(cache.head_stride == dim, "the pool must hold each token's heads contiguously");
+  for (const at::Tensor* t : {&key, &value}) {
+    TORCH_CHECK(t->scalar_type() == k_cache.scalar_type(), "new K/V and the pool must share a dtype");
+    TORCH_CHECK(t->dim() == 3 && t->size(0) == tokens && t->size(1) == heads && t->size(2) == dim &&
+                t->stride(2) == 1 && t->stride(1) == dim, "new K/V must be [tokens, kv_heads, head_dim] "
+                "with each token's heads contiguous");
+  }
+  TORCH_CHECK(slots.scalar_type() == at::kLong && slots.is_contiguous() && slots.numel() == tokens,
+              "slots must be one contiguous int64 per token");
+  const int64_t* slot = slots.data_ptr<int64_t>();
+  const int64_t bytes = heads * dim * key.element_size(), capacity = k_cache.size(0) * cache.block_size;
+  auto* k_out = static_cast<char*>(k_cache.data_ptr());
+  auto* v_out = static_cast<char*>(v_cache.data_ptr());
+  const auto* k_in = static_cast<const char*>(key.data_ptr());
+  const auto* v_in = static_cast<const char*>(value.data_ptr());
+  const int64_t size = key.element_size();
+  for (int64_t t = 0; t < tokens; ++t) {
+    TORCH_CHECK(slot[t] >= 0 && slot[t] < capacity, "slot ", slot[t], " is outside the pool");
+    const int64_t at = ((slot[t] / cache.block_size) * cache.block_stride + (slot[t] % cache.block_size) *
+                        cache.token_stride) * size;
+    std::memcpy(k_out + at, k_in + t * key.stride(0) * size, bytes);
+    std::memcpy(v_out + at, v_in + t * value.stride(0) * size, bytes);
+  }
+}
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("paged_attention", &paged_attention, "Paged attention over planned items, in place in the block pool");
+  m.def("store_kv", &store_kv, "New tokens' K and V into their slots of the block pools");
   m.def("bf16_dot_available", [] { return static_cast<bool>(TTS_BF16_DOT); },
         "Whether this build takes bf16 dot products on AVX512-BF16");
 }
