@@ -49,6 +49,7 @@ class Variant:
     cohost: dict[str, Any] = field(default_factory=dict)  # CohostConfig fields
     speculation: bool = False  # SearchConfig.speculative_extension
     prefix_order: bool = False  # SchedulerConfig.prefix_aware_order
+    score_graphs: bool = True  # EngineConfig.score_graphs (CUDA only)
 
 
 _ALL = Variant({"phase_policy": "batched", "overlap": True}, speculation=True, prefix_order=True)
@@ -61,6 +62,7 @@ VARIANTS: dict[str, Variant] = {
     "prefix order": Variant(prefix_order=True),
     "batched + prefix order": Variant({"phase_policy": "batched"}, prefix_order=True),
     "all": _ALL,
+    "eager scores": Variant(score_graphs=False),
 }
 
 
@@ -84,7 +86,8 @@ class CohostBench:
 def _measure(bench: CohostBench, models: tuple[LoadedModel, LoadedModel], problems: Sequence[Problem],
              cohost: CohostConfig, variant: Variant) -> dict[str, Any]:
     engine_config = EngineConfig(device=bench.device, cohost=cohost, linear_backend=bench.linear_backend,
-                                 scheduler=SchedulerConfig(prefix_aware_order=variant.prefix_order))
+                                 scheduler=SchedulerConfig(prefix_aware_order=variant.prefix_order),
+                                 score_graphs=variant.score_graphs)
     config = replace(bench.config, speculative_extension=variant.speculation)
     runtime = Runtime(*models, memory=bench.memory, engine_config=engine_config)
     try:
@@ -105,6 +108,8 @@ def _measure(bench: CohostBench, models: tuple[LoadedModel, LoadedModel], proble
     widest = {name: widest_forward_seconds(engine.forward_costs, config.n * config.problem_batch,
                                            engine_config.scheduler.max_num_batched_tokens)
               for name, engine in (("generator", counters.generator), ("prm", counters.prm))}
+    costs = {name: asdict(fit) if (fit := engine.forward_costs.fit()) else None
+             for name, engine in (("generator", counters.generator), ("prm", counters.prm))}
     return {"seconds": seconds, "problems_per_min": 60 * len(results) / seconds,
             "goodput": spec["goodput_tokens_per_s"], "speculative_kept": spec["kept_tokens"],
             "speculative_discarded": spec["discarded_tokens"],
@@ -114,8 +119,7 @@ def _measure(bench: CohostBench, models: tuple[LoadedModel, LoadedModel], proble
             "prm_forwards": prm["forwards"], "transitions": report["phase_transitions"],
             "generator_busy": gen["busy_fraction"], "prm_busy": prm["busy_fraction"],
             "busy_if_widest": sum(part or 0.0 for part in widest.values()) / seconds,
-            "forward_costs": {name: asdict(fit) if (fit := engine.forward_costs.fit()) else None
-                              for name, engine in (("generator", counters.generator), ("prm", counters.prm))},
+            "forward_costs": costs, "prm_fixed_ms": costs["prm"]["fixed_seconds"] * 1e3 if costs["prm"] else float("nan"),
             "predictions": {r.id: r.prediction for r in results}}
 
 
@@ -154,6 +158,9 @@ def bench_cohost(bench: CohostBench, *, command: Sequence[str], log: Callable[[s
              f"{bench.rounds} alternating rounds, medians.",
              "goodput = tokens of the finished solutions per second (discarded speculation is not counted); "
              "hit rate = share of each engine's prompt tokens served from its prefix cache.",
+             "prm_fixed_ms = the fixed part of the PRM's forward cost fitted on that run (launch to result); "
+             "eager scores = the PRM's score forwards without CUDA graphs (on a CPU it is the same path as "
+             "alternate).",
              "batch = sequences per forward (mean); transitions = forwards of the other engine than the one "
              "before; busy = time with a forward of that engine in flight (launch to result) over the "
              "search's wall time (overlapped engines can both be near 100%).",
@@ -247,5 +254,6 @@ def _row(side: SideBySide, label: str, problems: int, device: torch.device) -> d
             "transitions": median(label, "transitions"),
             "generator_busy": median(label, "generator_busy"), "prm_busy": median(label, "prm_busy"),
             "busy_if_widest": median(label, "busy_if_widest"),
+            "prm_fixed_ms": median(label, "prm_fixed_ms"),
             "same_prediction_as_alternate": f"{same}/{problems}",
             "problems_per_min_each_round": [round(run["problems_per_min"], 3) for run in runs]}

@@ -289,6 +289,8 @@ class EngineConfig:
     # replay decode steps from CUDA graphs captured at padded batch sizes (triton backend),
     # and run RMSNorm, rotary embedding and the gated activation as fused Triton kernels.
     cuda_graphs: bool = option(True, "CUDA: replay decode steps from captured graphs.", panel="Kernels")
+    score_graphs: bool = option(True, "CUDA: replay score-only forwards (the PRM's) from graphs captured per "
+                                "padded token count.", panel="Kernels")
     compile: bool = option(True, "CUDA: fused Triton kernels for RMSNorm, rotary embedding and the gated "
                            "activation.", panel="Kernels", flag="fused_cuda_ops")
     linear_bf16_weights: bool = option(False, "--linear-backend streamed on fp32 models (the AVX2/FMA kernel): "

@@ -30,6 +30,7 @@ from tts_runtime.executor.device_memory import device_memory_info  # noqa: E402
 from tts_runtime.executor.kv_cache import allocate_kv_cache  # noqa: E402
 from tts_runtime.executor.layer_ops import cpu_elementwise_ops  # noqa: E402
 from tts_runtime.executor.local import LocalExecutor  # noqa: E402
+from tts_runtime.executor.score_graphs import StaticScoreBuffers, padded_score_hidden  # noqa: E402
 from tts_runtime.executor.sampler import SamplingRow, child_seed, sample  # noqa: E402
 from tts_runtime.models import layers  # noqa: E402
 from tts_runtime.models.arch import arch_from_hf  # noqa: E402
@@ -97,13 +98,13 @@ def test_eager_ops_match_hf_formulas_exactly():
 
 
 def test_gpu_switches_leave_the_cpu_path_unchanged(generator_model):
-    """On CPU the switches (both on by default) change nothing: no graph runner, not the
+    """On CPU the switches (all on by default) change nothing: no graph runners, not the
     Triton ops but the CPU ones (cpu_fused_ops), the same ops and tokens as with both off."""
     prompt, greedy = [1, 2, 3, 4, 5, 6, 7, 8, 9], SamplingParams(temperature=0, max_tokens=3)
     small = CacheConfig(num_blocks=4)
-    on = Engine(generator_model.name, EngineConfig(cache=small, cuda_graphs=True, compile=True),
+    on = Engine(generator_model.name, EngineConfig(cache=small, cuda_graphs=True, compile=True, score_graphs=True),
                 loaded=generator_model)
-    assert on.executor.graphs is None
+    assert on.executor.graphs is None and on.executor.score_graphs is None
     ops = on.executor.ops
     cpu_ops = cpu_elementwise_ops()
     assert (ops.rms_norm, ops.rotary_qk, ops.act_and_mul) == (cpu_ops.rms_norm, cpu_ops.rotary_qk,
@@ -413,6 +414,128 @@ def test_padded_decode_forward_writes_only_real_slots(kernels):
             assert rel_err(new.flatten(0, 1)[real_slots], eager_new.flatten(0, 1)[real_slots]) <= 1e-5
 
 
+# -- static score buffers and the padded forward a score CUDA graph captures --------------------
+
+def _score_batch(chunks: list[tuple[int, int, list[int]]], block_size: int, width: int, device: torch.device,
+                 vocab: int = 96, seed: int = 0) -> ModelInput:
+    """A score-only batch: chunk i = (context length, new tokens, blocks): its new tokens sit at
+    the end of its context, after a cached prefix. Two score groups read a few rows."""
+    gen = torch.Generator().manual_seed(seed)
+    positions, slots, starts = [], [], []
+    for context, new, table in chunks:
+        starts.append(len(positions))
+        for p in range(context - new, context):
+            positions.append(p)
+            slots.append(table[p // block_size] * block_size + p % block_size)
+    n = len(positions)
+    return ModelInput(
+        input_ids=torch.randint(0, vocab, (n,), generator=gen).to(device),
+        positions=torch.tensor(positions, device=device),
+        meta=AttentionMetadata(
+            slot_mapping=torch.tensor(slots, device=device), num_decodes=0,
+            decode_block_tables=torch.zeros(0, width, dtype=torch.int32, device=device),
+            decode_context_lens=torch.zeros(0, dtype=torch.int32, device=device),
+            prefill_query_starts=starts, prefill_query_lens=[new for _, new, _ in chunks],
+            prefill_context_lens=[context for context, _, _ in chunks],
+            prefill_block_tables=torch.tensor([t + [0] * (width - len(t)) for _, _, t in chunks], dtype=torch.int32,
+                                              device=device),
+            block_size=block_size),
+        sample_rows=torch.zeros(0, dtype=torch.long, device=device),
+        score_rows=[(torch.tensor([0, n - 1], device=device), torch.tensor([3, 5], device=device)),
+                    (torch.tensor([n // 2], device=device), torch.tensor([7, 11, 2], device=device))],
+    )
+
+
+def test_static_score_buffers_fill_and_reset_padding():
+    bs, block_m = 4, 4
+    buffers = StaticScoreBuffers.allocate(32, 4, 6, bs, block_m, torch.device("cpu"))
+    assert buffers.num_tiles(32) == buffers.tiles.shape[0] == 8 + 4  # full tiles + one partial per chunk
+    big = _score_batch([(20, 9, [1, 2, 3, 4, 5]), (7, 7, [6, 7]), (13, 10, [8, 9, 10, 11])], bs, 5,
+                       torch.device("cpu"))
+    buffers.fill(big, 32)
+    small = _score_batch([(11, 3, [12, 13, 14]), (6, 2, [15, 16])], bs, 3, torch.device("cpu"), seed=1)
+    buffers.fill(small, 16)
+    assert buffers.input_ids[:5].tolist() == small.input_ids.tolist()
+    assert buffers.positions[:16].tolist() == [8, 9, 10, 4, 5] + [0] * 11
+    assert buffers.slot_mapping[:16].tolist() == small.meta.slot_mapping.tolist() + [PAD_SLOT] * 11
+    assert buffers.block_tables[:2, :3].tolist() == [[12, 13, 14], [15, 16, 0]]
+    # The batch's tiles (chunk, first row, rows, first position), then empty ones up to the grid.
+    assert buffers.tiles[:2].tolist() == [[0, 0, 3, 8], [1, 3, 2, 4]]
+    assert buffers.tiles[2:buffers.num_tiles(16)].abs().sum().item() == 0
+    meta = buffers.metadata(16)
+    assert meta.num_decodes == 0 and meta.prefill_tiles.shape[0] == buffers.num_tiles(16) == 8
+    # Views, not copies: a graph captured over them reads every later fill.
+    assert meta.slot_mapping.data_ptr() == buffers.slot_mapping.data_ptr()
+    assert meta.prefill_tiles.data_ptr() == buffers.tiles.data_ptr()
+    assert meta.prefill_block_tables.data_ptr() == buffers.block_tables.data_ptr()
+    buffers.clear(32)
+    assert (buffers.slot_mapping == PAD_SLOT).all() and buffers.tiles.abs().sum().item() == 0
+
+
+def test_static_score_buffers_accept_only_score_batches_that_fit():
+    bs, cpu = 4, torch.device("cpu")
+    buffers = StaticScoreBuffers.allocate(16, 2, 3, bs, 4, cpu)
+    assert buffers.fits(_score_batch([(9, 5, [1, 2, 3]), (4, 4, [4])], bs, 3, cpu))
+    too_many_tokens = _score_batch([(12, 12, [1, 2, 3]), (5, 5, [4, 5])], bs, 3, cpu)
+    too_many_chunks = _score_batch([(2, 2, [1]), (2, 2, [2]), (2, 2, [3])], bs, 1, cpu)
+    too_wide = _score_batch([(15, 2, [1, 2, 3, 4])], bs, 4, cpu)
+    assert not any(buffers.fits(b) for b in (too_many_tokens, too_many_chunks, too_wide))
+    sampled = _score_batch([(9, 5, [1, 2, 3])], bs, 3, cpu)
+    sampled.sample_rows = torch.tensor([4])
+    unscored = _score_batch([(9, 5, [1, 2, 3])], bs, 3, cpu)
+    unscored.score_rows.clear()
+    decodes = _decode_batch([5, 9], [[1, 2], [3, 4, 5]], bs, 3, cpu)
+    assert not any(buffers.fits(b) for b in (sampled, unscored, decodes))
+
+
+# Empty tiles divide 0 by 0 in rows they never store; the interpreter computes them anyway.
+@pytest.mark.filterwarnings("ignore:invalid value encountered in divide:RuntimeWarning")
+@pytest.mark.parametrize("kernels", ["cpu"], indirect=True)
+@pytest.mark.parametrize("config", [_tiny_llama(), _tiny_gemma()], ids=["llama", "gemma3"])
+def test_padded_score_forward_matches_eager_scores_and_writes_only_real_slots(kernels, config):
+    """The forward a score CUDA graph captures, run eagerly with interpreted Triton kernels:
+    after a larger batch left its rows behind, three chunks over cached prefixes (one past the
+    gemma's sliding window) padded to 32 tokens score as the unpadded eager forward and write
+    exactly their own slots in every layer."""
+    from tts_runtime.executor.attention.triton_attention import TritonAttention
+    from tts_runtime.executor.local import compute_output_logits
+
+    model = _tiny_model(config)
+    arch, bs, device = model.arch, 4, torch.device("cpu")
+    kv = allocate_kv_cache(arch, 24, bs, torch.float32, device)
+    gen = torch.Generator().manual_seed(5)
+    for k, v in kv:  # the prefixes already cached
+        k.copy_(torch.randn(k.shape, generator=gen))
+        v.copy_(torch.randn(v.shape, generator=gen))
+    before = [(k.clone(), v.clone()) for k, v in kv]
+    backend = TritonAttention(block_m=16, block_n=16)
+    buffers = StaticScoreBuffers.allocate(32, 4, 6, bs, backend.tile_sizes(arch.head_dim, torch.float32)[0], device)
+    # More tiles than the next batch, over the rows it uses, in blocks it does not own.
+    stale = _score_batch([(4, 4, [19]), (4, 4, [20]), (4, 4, [21]), (20, 20, [0, 2, 4, 6, 8])], bs, 5, device)
+    buffers.fill(stale, 32)
+    batch = _score_batch([(19, 6, [1, 3, 5, 7, 9]), (5, 5, [11, 13]), (14, 3, [15, 16, 17, 18])], bs, 5,
+                         device, vocab=arch.vocab_size, seed=6)
+    buffers.fill(batch, 32)
+    with torch.inference_mode():
+        hidden = padded_score_hidden(model, kv, backend, EAGER_OPS, buffers, 32)[:batch.input_ids.shape[0]]
+        padded = compute_output_logits(model, hidden, batch, EAGER_OPS).score_logits
+    after_padded = [(k.clone(), v.clone()) for k, v in kv]
+
+    for (k, v), (k0, v0) in zip(kv, before):
+        k.copy_(k0)
+        v.copy_(v0)
+    eager = LocalExecutor(model, kv, backend).execute(batch).score_logits
+    assert [p.shape for p in padded] == [e.shape for e in eager] == [(2, 2), (1, 3)]
+    assert max(rel_err(p, e) for p, e in zip(padded, eager)) <= 1e-5
+
+    real_slots = sorted(batch.meta.slot_mapping.tolist())
+    for (k, v), (k0, v0), (kp, vp) in zip(kv, before, after_padded):
+        for new, old, eager_new in ((kp, k0, k), (vp, v0, v)):
+            changed = (new != old).flatten(2).any(-1).flatten().nonzero().flatten().tolist()
+            assert changed == real_slots  # padding rows wrote nothing, the stale batch's rows were reset
+            assert rel_err(new.flatten(0, 1)[real_slots], eager_new.flatten(0, 1)[real_slots]) <= 1e-5
+
+
 # -- sampling -----------------------------------------------------------------------------------
 
 def _rows(vocab: int) -> list[SamplingRow]:
@@ -638,6 +761,89 @@ def test_cuda_graph_step_equals_eager_step_and_keeps_other_kv(cuda_models, dtype
                 changed = (new != old).flatten(2).any(-1).flatten().nonzero().flatten().tolist()
                 assert changed == real
                 assert rel_err(new.flatten(0, 1)[real], eager_new.flatten(0, 1)[real]) <= tol
+
+
+@pytest.mark.gpu
+@needs_cuda
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_score_graph_forward_equals_eager_and_keeps_other_kv(cuda_models, dtype):
+    """Executor level, the demo PRM: a batch of exactly a captured size and a padded one replay
+    to the eager scores and write only their own slots."""
+    from tts_runtime.executor.attention.triton_attention import TritonAttention
+    from tts_runtime.executor.local import compute_output_logits
+    from tts_runtime.executor.score_graphs import ScoreGraphRunner
+
+    loaded = cuda_models("prm", dtype)
+    model, arch, bs, device = loaded.model, loaded.arch, 16, torch.device("cuda")
+    kv = allocate_kv_cache(arch, 64, bs, dtype, device)
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    for k, v in kv:
+        k.normal_(generator=gen)
+        v.normal_(generator=gen)
+    before = [(k.clone(), v.clone()) for k, v in kv]
+    backend = TritonAttention(decode_splits=1)
+    runner = ScoreGraphRunner(model, kv, backend, EAGER_OPS, max_tokens=128, max_chunks=4, max_blocks_per_seq=8,
+                              block_size=bs, sizes=(64, 128))
+    tol = 1e-4 if dtype == torch.float32 else 3e-2
+    exact = [(70, 40, [1, 2, 3, 4, 5]), (60, 60, [6, 7, 8, 9]), (90, 28, [10, 11, 12, 13, 14, 15])]
+    padded = [(50, 17, [20, 21, 22, 23]), (33, 33, [24, 25, 26])]
+    for chunks in (exact, padded, exact):  # the third replays an already captured graph after another
+        batch = _score_batch(chunks, bs, 8, device, vocab=arch.vocab_size, seed=len(chunks))
+        for (k, v), (k0, v0) in zip(kv, before):
+            k.copy_(k0)
+            v.copy_(v0)
+        assert runner.can_run(batch)
+        with torch.inference_mode():
+            graph_scores = [t.clone() for t in compute_output_logits(model, runner.run(batch), batch,
+                                                                    EAGER_OPS).score_logits]
+        graph_kv = [(k.clone(), v.clone()) for k, v in kv]
+        for (k, v), (k0, v0) in zip(kv, before):
+            k.copy_(k0)
+            v.copy_(v0)
+        eager_scores = LocalExecutor(model, kv, backend).execute(batch).score_logits
+        assert max(rel_err(g, e) for g, e in zip(graph_scores, eager_scores)) <= tol
+        real = sorted(batch.meta.slot_mapping.tolist())
+        for (kg, vg), (k0, v0), (ke, ve) in zip(graph_kv, before, kv):
+            for new, old, eager_new in ((kg, k0, ke), (vg, v0, ve)):
+                changed = (new != old).flatten(2).any(-1).flatten().nonzero().flatten().tolist()
+                assert changed == real
+                assert rel_err(new.flatten(0, 1)[real], eager_new.flatten(0, 1)[real]) <= tol
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_prm_engine_scores_from_score_graphs_as_eager(cuda_models, monkeypatch):
+    """Engine level: the PRM's score requests (the second over the first's cached prefix) replay
+    score graphs and give the eager engine's scores; the switch off builds no runner."""
+    from tts_runtime.engine.request import ScoreParams
+
+    loaded = cuda_models("prm")
+    tok = loaded.tokenizer
+    question = tok("Question: what is 7 * 8 - 6?\nStep 1: 7 * 8 = 56.\n\n")["input_ids"]
+    longer = question + tok("Step 2: 56 - 6 = 50. Answer: 50")["input_ids"][1:]
+    candidates = [tok.convert_tokens_to_ids(t) for t in ["▁Yes", "▁No"]]
+    requests = [([question], ScoreParams([len(question) - 1], candidates)),
+                ([longer, longer[:-3]], ScoreParams([len(question) - 1, len(longer) - 4], candidates))]
+
+    def scores(engine: Engine) -> list[float]:
+        return [value for ids, params in requests for out in engine.score(ids, params) for row in out.scores
+                for value in row]
+
+    eager = Engine(loaded.name, EngineConfig(device="cuda", score_graphs=False), loaded=loaded)
+    assert eager.executor.score_graphs is None
+    want = scores(eager)
+    graphs = Engine(loaded.name, EngineConfig(device="cuda"), loaded=loaded)
+    calls = [0]
+    run = graphs.executor.score_graphs.run
+
+    def counted(batch):
+        calls[0] += 1
+        return run(batch)
+
+    monkeypatch.setattr(graphs.executor.score_graphs, "run", counted)
+    got = scores(graphs)
+    assert calls[0] >= len(requests)  # every score forward (one per request, or more if split)
+    assert torch.tensor(got).sub(torch.tensor(want)).abs().max().item() <= 1e-4
 
 
 @pytest.mark.gpu

@@ -33,6 +33,9 @@ class AttentionMetadata:
     prefill_context_lens: list[int]  # cached prefix + this chunk
     prefill_block_tables: torch.Tensor  # [num_prefills, max_blocks] int32
     block_size: int
+    # Set only by a score CUDA graph's static buffers, whose chunks change from replay to replay:
+    # the prefill lists are then empty and this device tile table (prefill_tiles.py) is the chunks.
+    prefill_tiles: torch.Tensor | None = None
 
     @property
     def num_prefills(self) -> int:

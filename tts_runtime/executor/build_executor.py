@@ -14,6 +14,7 @@ from tts_runtime.executor.kv_cache import KVAllocation, KVCaches, allocate_kv_ca
 from tts_runtime.executor.sim import build_sim_executor, is_sim_device
 from tts_runtime.executor.layer_ops import layer_ops
 from tts_runtime.executor.local import LocalExecutor
+from tts_runtime.executor.score_graphs import ScoreGraphRunner
 from tts_runtime.executor.pipeline.pipeline import PipelineGroup, StageModel
 from tts_runtime.models.layers import LayerOps
 from tts_runtime.models.loader import LoadedModel
@@ -30,6 +31,11 @@ class Executor(Protocol):
     def shutdown(self) -> None: ...
 
 
+def _max_blocks_per_seq(loaded: LoadedModel, block_size: int, num_blocks: int) -> int:
+    """A sequence never holds more blocks than its context or the pool allows."""
+    return min(-(-loaded.arch.max_position_embeddings // block_size), num_blocks)
+
+
 def decode_graphs(loaded: LoadedModel, kv_caches: KVCaches, backend: AttentionBackend, ops: LayerOps,
                   config: EngineConfig, num_blocks: int) -> CudaGraphRunner | None:
     """Decode CUDA graphs on CUDA with the triton backend; never built on CPU."""
@@ -37,10 +43,26 @@ def decode_graphs(loaded: LoadedModel, kv_caches: KVCaches, backend: AttentionBa
     if not (device.type == "cuda" and config.cuda_graphs and backend.name == "triton"):
         return None
     block_size = config.cache.block_size
-    # A sequence never holds more blocks than its context or the pool allows.
-    max_blocks = min(-(-loaded.arch.max_position_embeddings // block_size), num_blocks)
     return CudaGraphRunner(loaded.model, kv_caches, backend, ops, max_num_seqs=config.scheduler.max_num_seqs,
-                           max_blocks_per_seq=max_blocks, block_size=block_size)
+                           max_blocks_per_seq=_max_blocks_per_seq(loaded, block_size, num_blocks),
+                           block_size=block_size)
+
+
+def score_graphs(loaded: LoadedModel, kv_caches: KVCaches, backend: AttentionBackend, ops: LayerOps,
+                 config: EngineConfig, num_blocks: int) -> ScoreGraphRunner | None:
+    """Score-forward CUDA graphs on CUDA with the triton backend (not its cascade path, whose
+    plan is host data per batch); never built on CPU. Nothing is captured until a score forward
+    needs it, so a generator's runner stays empty."""
+    device = kv_caches[0][0].device
+    if not (device.type == "cuda" and config.score_graphs and backend.name == "triton"
+            and not getattr(backend, "cascade", False)):
+        return None
+    block_size = config.cache.block_size
+    scheduler = config.scheduler
+    return ScoreGraphRunner(loaded.model, kv_caches, backend, ops, max_tokens=scheduler.max_num_batched_tokens,
+                            max_chunks=scheduler.max_num_seqs,
+                            max_blocks_per_seq=_max_blocks_per_seq(loaded, block_size, num_blocks),
+                            block_size=block_size)
 
 
 def build_local_executor(loaded: LoadedModel, config: EngineConfig, num_blocks: int,
@@ -52,7 +74,8 @@ def build_local_executor(loaded: LoadedModel, config: EngineConfig, num_blocks: 
     backend = backend_for(config, device)
     ops = layer_ops(device, config, [loaded.model])
     return LocalExecutor(loaded.model, caches, backend, ops,
-                         decode_graphs(loaded, caches, backend, ops, config, num_blocks), config.prune_last_layer)
+                         decode_graphs(loaded, caches, backend, ops, config, num_blocks), config.prune_last_layer,
+                         score_graphs(loaded, caches, backend, ops, config, num_blocks))
 
 
 def build_executor(loaded: LoadedModel, config: EngineConfig, num_blocks: int,

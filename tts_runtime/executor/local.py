@@ -13,13 +13,15 @@ from tts_runtime.executor.attention.attention import AttentionBackend
 from tts_runtime.executor.batch import ModelInput, ModelOutput, SamplePlan
 from tts_runtime.executor.cuda_graphs import CudaGraphRunner
 from tts_runtime.executor.kv_cache import KVCaches
+from tts_runtime.executor.score_graphs import ScoreGraphRunner
 from tts_runtime.models.decoder import DecoderModel
 from tts_runtime.models.layers import EAGER_OPS, LayerOps
 
 
 class LocalExecutor:
     """Runs the model with the layer ops and attention backend it was built with. With
-    `graphs` (CUDA only), decode-only batches the runner accepts replay a captured graph.
+    `graphs` (CUDA only), decode-only batches the runner accepts replay a captured graph; with
+    `score_graphs`, so do score-only batches up to their final hidden states.
     `prune_last_layer`: the last layer runs past attention only on the rows whose logits are
     read (`output_rows`)."""
 
@@ -28,13 +30,14 @@ class LocalExecutor:
 
     def __init__(self, model: DecoderModel, kv_caches: KVCaches, backend: AttentionBackend,
                  ops: LayerOps = EAGER_OPS, graphs: CudaGraphRunner | None = None,
-                 prune_last_layer: bool = False) -> None:
+                 prune_last_layer: bool = False, score_graphs: ScoreGraphRunner | None = None) -> None:
         self.model = model
         self.prune_last_layer = prune_last_layer
         self.kv_caches = kv_caches
         self.backend = backend
         self.ops = ops
         self.graphs = graphs
+        self.score_graphs = score_graphs
 
     def can_launch(self) -> bool:
         return True
@@ -48,6 +51,8 @@ class LocalExecutor:
     def execute(self, batch: ModelInput) -> ModelOutput:
         if self.graphs is not None and self.graphs.can_run(batch):
             return self.graphs.run(batch)
+        if self.score_graphs is not None and self.score_graphs.can_run(batch):
+            return compute_output_logits(self.model, self.score_graphs.run(batch), batch, self.ops)
         rows = output_rows(batch) if self.prune_last_layer else None
         hidden = self.model(batch.input_ids, batch.positions, self.kv_caches, batch.meta, self.backend, self.ops,
                             rows)

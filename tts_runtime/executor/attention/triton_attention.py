@@ -31,6 +31,7 @@ import triton.language as tl
 from triton.runtime.interpreter import InterpretedFunction
 
 from tts_runtime.executor.attention.attention_plan import ROW_TILE, build_plan, shares_blocks
+from tts_runtime.executor.attention.prefill_tiles import prefill_tile_table
 from tts_runtime.executor.batch import AttentionMetadata
 
 
@@ -443,7 +444,7 @@ class TritonAttention:
             return out
         if meta.num_decodes:
             self._decode(query, k_cache, v_cache, meta, out, scalars, constants)
-        if meta.num_prefills:
+        if meta.num_prefills or meta.prefill_tiles is not None:
             self._prefill(query, k_cache, v_cache, meta, out, scalars, constants)
         return out
 
@@ -538,34 +539,24 @@ class TritonAttention:
             NUM_HEADS=num_heads, HEAD_DIM=head_dim, BLOCK_D=block_d,
         )
 
-    def _prefill_tiles(self, meta: AttentionMetadata, block_m: int, device: torch.device) -> torch.Tensor:
-        """[num_tiles, 4] int32: (chunk, first query row in the flat batch, rows in the
-        tile, position of the first row). Longest tiles first, so the big ones do
-        not start last and leave a tail."""
-        qlens = torch.tensor(meta.prefill_query_lens, dtype=torch.int64)
-        starts = torch.tensor(meta.prefill_query_starts, dtype=torch.int64)
-        ctxs = torch.tensor(meta.prefill_context_lens, dtype=torch.int64)
-        per_chunk = (qlens + block_m - 1) // block_m
-        chunk = torch.repeat_interleave(torch.arange(len(qlens)), per_chunk)
-        first_tile = torch.cumsum(per_chunk, 0) - per_chunk
-        offset = (torch.arange(len(chunk)) - first_tile[chunk]) * block_m
-        rows = torch.clamp(qlens[chunk] - offset, max=block_m)
-        pos0 = ctxs[chunk] - qlens[chunk] + offset
-        tiles = torch.stack([chunk, starts[chunk] + offset, rows, pos0], 1)
-        tiles = tiles[torch.argsort(pos0 + rows, descending=True, stable=True)].to(torch.int32)
-        if device.type == "cuda":
-            return tiles.pin_memory().to(device, non_blocking=True)
-        return tiles.to(device)
+    def _cached_prefill_tiles(self, meta: AttentionMetadata, block_m: int, device: torch.device) -> torch.Tensor:
+        """The batch's tile table on the device, built once per forward (every layer passes the
+        same chunks)."""
+        key = (tuple(meta.prefill_query_starts), tuple(meta.prefill_query_lens),
+               tuple(meta.prefill_context_lens), block_m, device)
+        if self._tiles_for is None or self._tiles_for[0] != key:
+            tiles = prefill_tile_table(meta.prefill_query_lens, meta.prefill_query_starts,
+                                       meta.prefill_context_lens, block_m)
+            tiles = tiles.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else tiles.to(device)
+            self._tiles_for = (key, tiles)
+        return self._tiles_for[1]
 
     def _prefill(self, query, k_cache, v_cache, meta: AttentionMetadata, out, scalars, constants) -> None:
         block_m, block_n, num_warps = self.tile_sizes(query.shape[2], query.dtype)
-        key = (tuple(meta.prefill_query_starts), tuple(meta.prefill_query_lens),
-               tuple(meta.prefill_context_lens), block_m, query.device)
-        if self._tiles_for is not None and self._tiles_for[0] == key:
-            tiles = self._tiles_for[1]
+        if meta.prefill_tiles is not None:  # a score graph's static table (its padding tiles are empty)
+            tiles = meta.prefill_tiles
         else:
-            tiles = self._prefill_tiles(meta, block_m, query.device)
-            self._tiles_for = (key, tiles)
+            tiles = self._cached_prefill_tiles(meta, block_m, query.device)
         if tiles.shape[0] == 0:  # only empty chunks
             return
         tables = _device_table(meta.prefill_block_tables, query.device)
