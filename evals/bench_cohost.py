@@ -50,6 +50,7 @@ class Variant:
     speculation: bool = False  # SearchConfig.speculative_extension
     prefix_order: bool = False  # SchedulerConfig.prefix_aware_order
     score_graphs: bool = True  # EngineConfig.score_graphs (CUDA only)
+    executor_sampling: bool = False  # EngineConfig.executor_sampling
 
 
 _ALL = Variant({"phase_policy": "batched", "overlap": True}, speculation=True, prefix_order=True)
@@ -63,6 +64,7 @@ VARIANTS: dict[str, Variant] = {
     "batched + prefix order": Variant({"phase_policy": "batched"}, prefix_order=True),
     "all": _ALL,
     "eager scores": Variant(score_graphs=False),
+    "executor sampling": Variant(executor_sampling=True),
 }
 
 
@@ -87,7 +89,7 @@ def _measure(bench: CohostBench, models: tuple[LoadedModel, LoadedModel], proble
              cohost: CohostConfig, variant: Variant) -> dict[str, Any]:
     engine_config = EngineConfig(device=bench.device, cohost=cohost, linear_backend=bench.linear_backend,
                                  scheduler=SchedulerConfig(prefix_aware_order=variant.prefix_order),
-                                 score_graphs=variant.score_graphs)
+                                 score_graphs=variant.score_graphs, executor_sampling=variant.executor_sampling)
     config = replace(bench.config, speculative_extension=variant.speculation)
     runtime = Runtime(*models, memory=bench.memory, engine_config=engine_config)
     try:
@@ -160,7 +162,8 @@ def bench_cohost(bench: CohostBench, *, command: Sequence[str], log: Callable[[s
              "hit rate = share of each engine's prompt tokens served from its prefix cache.",
              "prm_fixed_ms = the fixed part of the PRM's forward cost fitted on that run (launch to result); "
              "eager scores = the PRM's score forwards without CUDA graphs (on a CPU it is the same path as "
-             "alternate).",
+             "alternate); executor sampling = the executor samples on the device, so async scheduling launches "
+             "the generator's next decode before this one's tokens reach the host (on a CPU it overlaps nothing).",
              "batch = sequences per forward (mean); transitions = forwards of the other engine than the one "
              "before; busy = time with a forward of that engine in flight (launch to result) over the "
              "search's wall time (overlapped engines can both be near 100%).",

@@ -58,7 +58,7 @@ def _steps(work: Path) -> list[Step]:
              ("gpu_prefill.md", "gpu_prefill.json")),
         Step("cohost", _CLI + ["bench", "cohost", "--limit", "20", "--rounds", "2", "--device", "cuda",
                                "--device-memory", "8GiB", "--variants",
-                               "alternate,batched,prefix order,batched + prefix order,all,eager scores"], 240,
+                               "alternate,batched,prefix order,batched + prefix order,all,eager scores,executor sampling"], 280,
              ("cohost.md", "cohost.json")),
         Step("tiered-kv", _CLI + ["bench", "tiered-kv", "--device", "cuda"], 180,
              ("tiered_kv.md", "tiered_kv.json")),

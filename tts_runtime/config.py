@@ -114,11 +114,11 @@ class SchedulerConfig:
                                       panel="Scheduler")
     # Schedule and build step N+1 while step N runs: a decode in flight is scheduled again,
     # its input a placeholder the executor fills from step N's sampled token. Only executors
-    # that sample on the device side can fill it (the simulated device); the CPU local
-    # executor runs a forward inside submit, so there is nothing to overlap and it stays
-    # synchronous whatever this says.
+    # that sample on the device side can fill it (the simulated device, and the local executor
+    # with --executor-sampling); with the others the engine stays synchronous whatever this says.
     async_scheduling: bool = option(True, "Schedule and build the next step while the current one runs "
-                                    "(executors that sample on the device: --device sim).", panel="Scheduler")
+                                    "(executors that sample on the device: --device sim, --executor-sampling).",
+                                    panel="Scheduler")
 
     def __post_init__(self) -> None:
         if self.policy not in SCHEDULER_POLICIES:
@@ -291,6 +291,9 @@ class EngineConfig:
     cuda_graphs: bool = option(True, "CUDA: replay decode steps from captured graphs.", panel="Kernels")
     score_graphs: bool = option(True, "CUDA: replay score-only forwards (the PRM's) from graphs captured per "
                                 "padded token count.", panel="Kernels")
+    executor_sampling: bool = option(False, "Sample on the device side of the executor, so that async scheduling "
+                                     "launches step N+1 before step N's tokens reach the host (for CUDA; off until "
+                                     "measured on a GPU).", panel="Scheduler")
     compile: bool = option(True, "CUDA: fused Triton kernels for RMSNorm, rotary embedding and the gated "
                            "activation.", panel="Kernels", flag="fused_cuda_ops")
     linear_bf16_weights: bool = option(False, "--linear-backend streamed on fp32 models (the AVX2/FMA kernel): "
@@ -309,6 +312,10 @@ class EngineConfig:
         if self.cache.host_kv_bytes and self.parallel.pp_size > 1:
             raise ConfigError("--host-kv-memory needs --pp 1: the host KV tier copies blocks in the driver's "
                               "process, and pipeline stages hold the KV; drop one of the two")
+        if self.executor_sampling and (self.parallel.pp_size > 1 or self.cohost.overlap):
+            raise ConfigError("--executor-sampling samples in the driver's local executor; --pp and --overlap run "
+                              "the forwards elsewhere (a pipeline's last stage samples with --no-sample-on-driver): "
+                              "drop one of the two")
 
 
 def default_block_size(device: str) -> int:

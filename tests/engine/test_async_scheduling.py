@@ -1,16 +1,22 @@
-"""Async scheduling on the simulated device: step N+1 is scheduled and built while step N
-runs, and the results are exactly those of the synchronous engine: no token after a
-sequence's end, no block left behind, aborts mid-flight included."""
+"""Async scheduling on the simulated device, and on the local executor sampling on its side
+(--executor-sampling): step N+1 is scheduled and built while step N runs, and the results are
+exactly those of the synchronous engine: no token after a sequence's end, no block left behind,
+aborts mid-flight included."""
 
 from __future__ import annotations
 
-from tts_runtime.config import CacheConfig, EngineConfig, SchedulerConfig
+from dataclasses import replace
+
+import pytest
+
+from tts_runtime.config import CacheConfig, CohostConfig, ConfigError, EngineConfig, ParallelConfig, SchedulerConfig
 from tts_runtime.engine.engine import Engine
 from tts_runtime.engine.request import SamplingParams
 from tts_runtime.executor.sim import SimDevice, SimExecutor
 from tts_runtime.executor.sim_costs import SimCost, SimCosts
 from tts_runtime.executor.sim_profile import load_profile
 from tts_runtime.executor.sampler import SamplingRow
+from tts_runtime.executor.sampling_executor import SamplingExecutor
 from tts_runtime.executor.sim_tokens import ProfileTokens
 
 PROMPTS = ["The first five prime numbers are", "Once upon a time, in a small village by the sea,",
@@ -111,3 +117,72 @@ def test_the_local_executor_stays_synchronous(generator_model):
     config = EngineConfig(device="cpu", scheduler=SchedulerConfig(async_scheduling=True))
     engine = Engine(generator_model.name, config, loaded=generator_model)
     assert not engine.async_scheduling
+
+
+# -- the local executor sampling on its side: real forwards, real sampling -------------------
+
+def _local_engine(generator_model, *, executor_sampling: bool, async_scheduling: bool,
+                  num_blocks: int = 64) -> Engine:
+    config = EngineConfig(device="cpu", cache=CacheConfig(num_blocks=num_blocks, block_size=4),
+                          scheduler=SchedulerConfig(max_num_batched_tokens=24, async_scheduling=async_scheduling),
+                          executor_sampling=executor_sampling)
+    return Engine(generator_model.name, config, loaded=generator_model)
+
+
+def _real_params(index: int, stops: list[int], seeded: bool = True) -> SamplingParams:
+    """_params with stop tokens the real model emits, a row with penalties (its placeholder is
+    read on the host) and a greedy one."""
+    params = _params(index)
+    if params.stop_token_ids:
+        params = replace(params, stop_token_ids=stops)
+    if index == 3:
+        params = replace(params, repetition_penalty=1.3, frequency_penalty=0.2)
+    if index == 4:
+        params = replace(params, temperature=0.0)
+    return params if seeded else replace(params, seed=None)
+
+
+def _run_real(engine: Engine, seeded: bool = True) -> dict[str, list]:
+    stops = [engine.tokenizer.convert_tokens_to_ids(t) for t in (",", ".")]
+    for i, prompt in enumerate(PROMPTS):
+        engine.add_request(f"r{i}", prompt, _real_params(i, stops, seeded))
+    outputs = {}
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            outputs[out.request_id] = [(c.token_ids, c.finish_reason) for c in out.completions]
+    while engine.num_in_flight:
+        assert engine.collect() == []
+    return outputs
+
+
+def test_executor_sampling_draws_what_the_engine_draws(generator_model):
+    """Synchronous, unseeded rows included: the executor's generator gives the engine's draws."""
+    expected = _run_real(_local_engine(generator_model, executor_sampling=False, async_scheduling=False),
+                         seeded=False)
+    engine = _local_engine(generator_model, executor_sampling=True, async_scheduling=False)
+    assert isinstance(engine.executor, SamplingExecutor) and not engine.async_scheduling
+    assert _run_real(engine, seeded=False) == expected
+
+
+@pytest.mark.parametrize("num_blocks", [64, 14], ids=["roomy", "preempting"])
+def test_executor_sampling_runs_ahead_with_the_synchronous_results(generator_model, num_blocks):
+    """Async scheduling acts on the local executor once it samples: two microbatches in flight,
+    going-ahead decodes filled from the previous forward's tokens (penalties on the host), and
+    every completion equals the engine-sampled synchronous run's."""
+    sync = _local_engine(generator_model, executor_sampling=False, async_scheduling=True, num_blocks=num_blocks)
+    expected = _run_real(sync)
+    engine = _local_engine(generator_model, executor_sampling=True, async_scheduling=True, num_blocks=num_blocks)
+    assert engine.async_scheduling and not sync.async_scheduling
+    assert _run_real(engine) == expected
+    assert max(engine.stats.in_flight_at_launch) == 2
+    if num_blocks == 14:
+        assert engine.scheduler.num_preemptions
+    reasons = {reason for completions in expected.values() for _, reason in completions}
+    assert reasons >= {"stop", "length"}
+    _assert_no_leak(engine)
+
+
+def test_executor_sampling_with_forwards_elsewhere_is_a_one_line_error():
+    for elsewhere in ({"parallel": ParallelConfig(pp_size=2)}, {"cohost": CohostConfig(overlap=True)}):
+        with pytest.raises(ConfigError, match="--executor-sampling samples in the driver's local executor"):
+            EngineConfig(executor_sampling=True, **elsewhere)

@@ -848,6 +848,40 @@ def test_prm_engine_scores_from_score_graphs_as_eager(cuda_models, monkeypatch):
 
 @pytest.mark.gpu
 @needs_cuda
+def test_executor_sampling_launches_ahead_on_cuda_without_waiting(cuda_models):
+    """--executor-sampling on CUDA: the engine launches step N+1 while step N runs, no launch
+    synchronises with the device (torch's sync debug mode), and the tokens are the
+    engine-sampled run's (up to the rounding of other padded graph sizes, as above)."""
+    loaded = cuda_models("generator", torch.bfloat16)
+    prompts = _prompts(loaded)
+    params = SamplingParams(temperature=0.8, seed=11, max_tokens=NEW_TOKENS, n=2)
+    sync = Engine(loaded.name, EngineConfig(device="cuda"), loaded=loaded)
+    expected = [[c.token_ids for c in o.completions] for o in sync.generate(prompts, params)]
+    engine = Engine(loaded.name, EngineConfig(device="cuda", executor_sampling=True), loaded=loaded)
+    assert engine.async_scheduling
+    for i, prompt in enumerate(prompts):
+        engine.add_request(str(i), prompt, params)
+    got: dict[str, list] = {}
+    torch.cuda.synchronize()
+    while engine.has_unfinished_requests():
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            engine.launch()
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+        for out in engine.collect():
+            got[out.request_id] = [c.token_ids for c in out.completions]
+    while engine.num_in_flight:
+        engine.collect()
+    assert max(engine.stats.in_flight_at_launch) == 2
+    for i, want in enumerate(expected):
+        for a, b in zip(want, got[str(i)]):
+            same = _matching_prefix(a, b)
+            assert same == len(a) == len(b) or same >= MIN_MATCHING_PREFIX, (same, a, b)
+
+
+@pytest.mark.gpu
+@needs_cuda
 @pytest.mark.parametrize("which", ["generator", "prm"])
 def test_greedy_parity_with_hf_on_gpu(cuda_models, which):
     from transformers import AutoModelForCausalLM

@@ -11,6 +11,7 @@ import torch
 from tts_runtime.engine.scheduler import ScheduledBatch
 from tts_runtime.engine.sequence import Sequence
 from tts_runtime.executor.batch import PLACEHOLDER_TOKEN, AttentionMetadata, ModelInput
+from tts_runtime.executor.host_copy import to_device, values_on_device
 
 
 @dataclass
@@ -28,12 +29,12 @@ def _padded_tables(seqs: list[Sequence], device: torch.device) -> torch.Tensor:
     int32 mirror (table_mirror.py): converting the Python lists whole each step cost up to
     270 us at 64 sequences."""
     if not seqs:
-        return torch.tensor([], dtype=torch.int32, device=device)
+        return torch.empty(0, dtype=torch.int32, device=device)
     tables = [seq.table_mirror.of(seq.block_table) for seq in seqs]
     padded = np.zeros((len(tables), max(max(map(len, tables)), 1)), dtype=np.int32)
     for row, table in enumerate(tables):
         padded[row, :len(table)] = table
-    return torch.from_numpy(padded).to(device)
+    return to_device(torch.from_numpy(padded), device)
 
 
 def _chunk_slots(table: np.ndarray, first: int, end: int, block_size: int) -> np.ndarray:
@@ -89,12 +90,14 @@ def build_model_input(batch: ScheduledBatch, block_size: int,
             sample_rows.append(len(ids) - 1)
             layout.sample_seqs.append(seq)
 
+    # Every tensor is queued onto the device (host_copy.py): a forward still running there
+    # (async scheduling) must not hold up building the next one.
     meta = AttentionMetadata(
-        slot_mapping=torch.from_numpy(np.concatenate([np.asarray(slots, dtype=np.int64), *chunk_slots])).to(device),
+        slot_mapping=values_on_device(np.concatenate([np.asarray(slots, dtype=np.int64), *chunk_slots]),
+                                      torch.long, device),
         num_decodes=len(batch.decodes),
         decode_block_tables=_padded_tables(batch.decodes, device),
-        decode_context_lens=torch.tensor([pos + 1 for pos in decode_positions],
-                                         dtype=torch.int32, device=device),
+        decode_context_lens=values_on_device([pos + 1 for pos in decode_positions], torch.int32, device),
         prefill_query_starts=starts,
         prefill_query_lens=query_lens,
         prefill_context_lens=context_lens,
@@ -102,16 +105,19 @@ def build_model_input(batch: ScheduledBatch, block_size: int,
         block_size=block_size,
     )
     score_rows = []
+    read_rows = set(sample_rows)
     for candidates, (rows, targets) in score_groups.items():
         if rows:
-            score_rows.append((torch.tensor(rows, dtype=torch.long, device=device),
-                               torch.tensor(candidates, dtype=torch.long, device=device)))
+            score_rows.append((values_on_device(rows, torch.long, device),
+                               values_on_device(candidates, torch.long, device)))
             layout.score_targets.append(targets)
+            read_rows.update(rows)
     model_input = ModelInput(
-        input_ids=torch.tensor(ids, dtype=torch.long, device=device),
-        positions=torch.tensor(positions, dtype=torch.long, device=device),
+        input_ids=values_on_device(ids, torch.long, device),
+        positions=values_on_device(positions, torch.long, device),
         meta=meta,
-        sample_rows=torch.tensor(sample_rows, dtype=torch.long, device=device),
+        sample_rows=values_on_device(sample_rows, torch.long, device),
         score_rows=score_rows,
+        read_rows=sorted(read_rows),
     )
     return model_input, layout

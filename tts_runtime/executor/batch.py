@@ -92,6 +92,9 @@ class ModelInput:
     sample_rows: torch.Tensor  # rows of the flat batch whose full-vocabulary logits are sampled
     # Score rows grouped by candidate set: (rows, candidate token ids).
     score_rows: list[tuple[torch.Tensor, torch.Tensor]] = field(default_factory=list)
+    # The rows of sample_rows and score_rows, sorted, on the host: set by the engine's batch
+    # builder, so that finding them needs no read-back from the device.
+    read_rows: list[int] | None = None
 
 
 # The input id of a decode scheduled while the microbatch sampling its token still runs

@@ -14,6 +14,7 @@ from tts_runtime.executor.kv_cache import KVAllocation, KVCaches, allocate_kv_ca
 from tts_runtime.executor.sim import build_sim_executor, is_sim_device
 from tts_runtime.executor.layer_ops import layer_ops
 from tts_runtime.executor.local import LocalExecutor
+from tts_runtime.executor.sampling_executor import SamplingExecutor
 from tts_runtime.executor.score_graphs import ScoreGraphRunner
 from tts_runtime.executor.pipeline.pipeline import PipelineGroup, StageModel
 from tts_runtime.models.layers import LayerOps
@@ -85,6 +86,7 @@ def build_executor(loaded: LoadedModel, config: EngineConfig, num_blocks: int,
     if is_sim_device(config.device):
         return build_sim_executor(config.device, config.seed)
     if config.parallel.pp_size == 1:
-        return build_local_executor(loaded, config, num_blocks, kv)
+        local = build_local_executor(loaded, config, num_blocks, kv)
+        return SamplingExecutor(local, config.seed) if config.executor_sampling else local
     group = PipelineGroup([StageModel.of("model", loaded, num_blocks)], config)
     return group.executor("model", owns_group=True)

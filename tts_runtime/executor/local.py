@@ -12,6 +12,7 @@ import torch
 from tts_runtime.executor.attention.attention import AttentionBackend
 from tts_runtime.executor.batch import ModelInput, ModelOutput, SamplePlan
 from tts_runtime.executor.cuda_graphs import CudaGraphRunner
+from tts_runtime.executor.host_copy import values_on_device
 from tts_runtime.executor.kv_cache import KVCaches
 from tts_runtime.executor.score_graphs import ScoreGraphRunner
 from tts_runtime.models.decoder import DecoderModel
@@ -65,8 +66,13 @@ class LocalExecutor:
 def output_rows(batch: ModelInput) -> torch.Tensor | None:
     """The rows whose logits are read (sampled or scored), in order; None where that is every
     row (a decode-only batch), so that nothing is selected for nothing."""
+    num_rows = batch.input_ids.shape[0]
+    if batch.read_rows is not None:
+        return None if len(batch.read_rows) == num_rows else values_on_device(batch.read_rows, torch.long,
+                                                                              batch.input_ids.device)
+    # A batch from the wire (a pipeline stage's, on the host) or built by hand.
     rows = torch.cat([batch.sample_rows, *(r for r, _ in batch.score_rows)]).unique()
-    return None if rows.numel() == batch.input_ids.shape[0] else rows
+    return None if rows.numel() == num_rows else rows
 
 
 def compute_output_logits(model: DecoderModel, hidden: torch.Tensor, batch: ModelInput,

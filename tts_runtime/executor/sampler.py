@@ -9,8 +9,8 @@ is a function of plain data, (child seed, position), so its tokens depend neithe
 else shares the batch nor on which process samples it.
 
 All tensor work runs on the logits' device. Per-row parameters reach it through
-`_on_device` (pinned, non-blocking on CUDA: a copy from pageable memory would wait for the
-forward to finish), so the only host synchronisation is the final `.tolist()`.
+`values_on_device` (host_copy.py), so `sample_on_device` queues its work without waiting for
+the device, and `sample`'s only host synchronisation is its final `.tolist()`.
 """
 
 from __future__ import annotations
@@ -19,6 +19,9 @@ from dataclasses import dataclass
 from typing import Protocol
 
 import torch
+
+from tts_runtime.executor.host_copy import values_on_device
+
 
 class SamplingParams(Protocol):
     """What sampling reads of a request's settings (engine/request.py's SamplingParams,
@@ -61,25 +64,18 @@ def seeded_uniform(seed: int, position: int) -> float:
     return float(torch.rand(1, generator=generator, dtype=torch.float64))
 
 
-def _on_device(values: list, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    host = torch.tensor(values, dtype=dtype)
-    if device.type != "cuda":
-        return host.to(device)
-    return host.pin_memory().to(device, non_blocking=True)
-
-
 def _apply_penalties(logits: torch.Tensor, rows: list[SamplingRow]) -> None:
     for i, row in enumerate(rows):
         p = row.params
         if not p.uses_penalties:
             continue
         if p.repetition_penalty != 1.0:
-            seen = _on_device(sorted(set(row.token_ids)), torch.long, logits.device)
+            seen = values_on_device(sorted(set(row.token_ids)), torch.long, logits.device)
             values = logits[i, seen]
             logits[i, seen] = torch.where(values > 0, values / p.repetition_penalty, values * p.repetition_penalty)
         output = row.token_ids[row.num_prompt_tokens:]
         if output and (p.frequency_penalty or p.presence_penalty):
-            ids = _on_device(output, torch.long, logits.device)
+            ids = values_on_device(output, torch.long, logits.device)
             # Counting by index_add: CUDA bincount reads the largest id back to the host.
             counts = torch.zeros(logits.shape[1], dtype=logits.dtype, device=logits.device)
             counts.index_add_(0, ids, torch.ones(len(output), dtype=logits.dtype, device=logits.device))
@@ -89,47 +85,53 @@ def _apply_penalties(logits: torch.Tensor, rows: list[SamplingRow]) -> None:
 def _filter(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
     """Temperature, top-k, top-p, min-p; returns probabilities."""
     device = logits.device
-    temps = _on_device([r.params.temperature for r in rows], torch.float32, device).unsqueeze(1)
+    temps = values_on_device([r.params.temperature for r in rows], torch.float32, device).unsqueeze(1)
     logits = logits / temps
     top_k = [r.params.top_k for r in rows]
     top_p = [r.params.top_p for r in rows]
     if any(k > 0 for k in top_k) or any(p < 1.0 for p in top_p):
         sorted_logits, order = logits.sort(dim=-1, descending=True)
         vocab = logits.shape[1]
-        ks = _on_device([k if k > 0 else vocab for k in top_k], torch.long, device).unsqueeze(1)
+        ks = values_on_device([k if k > 0 else vocab for k in top_k], torch.long, device).unsqueeze(1)
         ranks = torch.arange(vocab, device=device).unsqueeze(0)
         drop = ranks >= ks
         probs_sorted = sorted_logits.softmax(dim=-1)
         # Keep the smallest prefix whose mass reaches top_p (the token crossing it stays).
         mass_before = probs_sorted.cumsum(dim=-1) - probs_sorted
-        drop |= mass_before >= _on_device(top_p, torch.float32, device).unsqueeze(1)
+        drop |= mass_before >= values_on_device(top_p, torch.float32, device).unsqueeze(1)
         sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
         logits = torch.empty_like(logits).scatter_(1, order, sorted_logits)
     probs = logits.softmax(dim=-1)
     min_p = [r.params.min_p for r in rows]
     if any(m > 0 for m in min_p):
-        threshold = _on_device(min_p, torch.float32, device).unsqueeze(1) * probs.max(dim=-1, keepdim=True).values
+        threshold = values_on_device(min_p, torch.float32, device).unsqueeze(1) * probs.max(dim=-1, keepdim=True).values
         probs = probs.masked_fill(probs < threshold, 0.0)
     return probs
 
 
 def sample(logits: torch.Tensor, rows: list[SamplingRow], generator: torch.Generator | None) -> list[int]:
     """logits [len(rows), vocab] -> one token id per row."""
+    return sample_on_device(logits, rows, generator).tolist()
+
+
+def sample_on_device(logits: torch.Tensor, rows: list[SamplingRow], generator: torch.Generator | None) -> torch.Tensor:
+    """logits [len(rows), vocab] -> [len(rows)] int64 token ids on the logits' device, queued
+    without waiting for the device."""
     # Penalties write in place: into a copy, never the caller's logits (an fp32 model's own
     # output, which the engine reuses for forked children, or a CUDA graph's static output).
     logits = logits.to(torch.float32, copy=any(r.params.uses_penalties for r in rows))
     _apply_penalties(logits, rows)
     random_rows = [i for i, r in enumerate(rows) if not r.params.greedy]
     if not random_rows:
-        return logits.argmax(dim=-1).tolist()
+        return logits.argmax(dim=-1)
     sub_rows = [rows[i] for i in random_rows]
     if len(random_rows) == len(rows):
-        return _inverse_cdf(_filter(logits, sub_rows), _uniforms(sub_rows, generator, logits.device)).tolist()
+        return _inverse_cdf(_filter(logits, sub_rows), _uniforms(sub_rows, generator, logits.device))
     picks = logits.argmax(dim=-1)  # the greedy rows' tokens; the sampled rows are overwritten
-    index = _on_device(random_rows, torch.long, logits.device)
+    index = values_on_device(random_rows, torch.long, logits.device)
     probs = _filter(logits[index], sub_rows)
     picks[index] = _inverse_cdf(probs, _uniforms(sub_rows, generator, logits.device))
-    return picks.tolist()
+    return picks
 
 
 def _uniforms(rows: list[SamplingRow], generator: torch.Generator | None, device: torch.device) -> torch.Tensor:
@@ -138,7 +140,7 @@ def _uniforms(rows: list[SamplingRow], generator: torch.Generator | None, device
     seeded = [j for j, row in enumerate(rows) if row.seed is not None]
     if seeded:
         draws = [1.0 - seeded_uniform(rows[j].seed, len(rows[j].token_ids)) for j in seeded]
-        u[_on_device(seeded, torch.long, device)] = _on_device(draws, torch.float64, device)
+        u[values_on_device(seeded, torch.long, device)] = values_on_device(draws, torch.float64, device)
     return u
 
 
