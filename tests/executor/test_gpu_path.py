@@ -331,6 +331,23 @@ def test_capture_sizes():
     assert capture_sizes(64, sizes=(1, 8, 32, 128)) == (1, 8, 32, 64)
 
 
+def _restore(kv: list[tuple[torch.Tensor, torch.Tensor]], saved: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+    for (k, v), (k0, v0) in zip(kv, saved):
+        k.copy_(k0)
+        v.copy_(v0)
+
+
+def _assert_wrote_only_the_batch(batch: ModelInput, before: list, written: list, eager: list, tol: float) -> None:
+    """The KV `written` by a padded (or graph) forward differs from `before` in exactly the
+    batch's slots, in every layer, and holds there what the eager forward wrote."""
+    real = sorted(batch.meta.slot_mapping.tolist())
+    for (kw, vw), (k0, v0), (ke, ve) in zip(written, before, eager):
+        for new, old, eager_new in ((kw, k0, ke), (vw, v0, ve)):
+            changed = (new != old).flatten(2).any(-1).flatten().nonzero().flatten().tolist()
+            assert changed == real
+            assert rel_err(new.flatten(0, 1)[real], eager_new.flatten(0, 1)[real]) <= tol
+
+
 def test_static_buffers_fill_and_reset_padding():
     bs = 4
     buffers = StaticDecodeBuffers.allocate(8, 6, bs, torch.device("cpu"))
@@ -400,18 +417,12 @@ def test_padded_decode_forward_writes_only_real_slots(kernels):
         padded = padded_decode_logits(model, kv, backend, EAGER_OPS, buffers, 8)[:3]
     after_padded = [(k.clone(), v.clone()) for k, v in kv]
 
-    for (k, v), (k0, v0) in zip(kv, before):
-        k.copy_(k0)
-        v.copy_(v0)
+    _restore(kv, before)
     eager = LocalExecutor(model, kv, backend).execute(batch).sample_logits
     assert rel_err(padded, eager) <= 1e-5
 
-    real_slots = sorted(batch.meta.slot_mapping.tolist())
-    for (k, v), (k0, v0), (kp, vp) in zip(kv, before, after_padded):
-        for new, old, eager_new in ((kp, k0, k), (vp, v0, v)):
-            changed = (new != old).flatten(2).any(-1).flatten().nonzero().flatten().tolist()
-            assert changed == real_slots  # padding rows wrote nothing, stale rows were reset
-            assert rel_err(new.flatten(0, 1)[real_slots], eager_new.flatten(0, 1)[real_slots]) <= 1e-5
+    # Padding rows wrote nothing, stale rows were reset.
+    _assert_wrote_only_the_batch(batch, before, after_padded, kv, 1e-5)
 
 
 # -- static score buffers and the padded forward a score CUDA graph captures --------------------
@@ -521,19 +532,13 @@ def test_padded_score_forward_matches_eager_scores_and_writes_only_real_slots(ke
         padded = compute_output_logits(model, hidden, batch, EAGER_OPS).score_logits
     after_padded = [(k.clone(), v.clone()) for k, v in kv]
 
-    for (k, v), (k0, v0) in zip(kv, before):
-        k.copy_(k0)
-        v.copy_(v0)
+    _restore(kv, before)
     eager = LocalExecutor(model, kv, backend).execute(batch).score_logits
     assert [p.shape for p in padded] == [e.shape for e in eager] == [(2, 2), (1, 3)]
     assert max(rel_err(p, e) for p, e in zip(padded, eager)) <= 1e-5
 
-    real_slots = sorted(batch.meta.slot_mapping.tolist())
-    for (k, v), (k0, v0), (kp, vp) in zip(kv, before, after_padded):
-        for new, old, eager_new in ((kp, k0, k), (vp, v0, v)):
-            changed = (new != old).flatten(2).any(-1).flatten().nonzero().flatten().tolist()
-            assert changed == real_slots  # padding rows wrote nothing, the stale batch's rows were reset
-            assert rel_err(new.flatten(0, 1)[real_slots], eager_new.flatten(0, 1)[real_slots]) <= 1e-5
+    # Padding rows wrote nothing, the stale batch's rows were reset.
+    _assert_wrote_only_the_batch(batch, before, after_padded, kv, 1e-5)
 
 
 # -- sampling -----------------------------------------------------------------------------------
@@ -744,23 +749,14 @@ def test_cuda_graph_step_equals_eager_step_and_keeps_other_kv(cuda_models, dtype
     tol = 1e-5 if dtype == torch.float32 else 2e-2
     for n in (8, 5):
         batch = _decode_batch(contexts[:n], tables[:n], bs, 3, device, vocab=vocab, seed=n)
-        for (k, v), (k0, v0) in zip(kv, before):
-            k.copy_(k0)
-            v.copy_(v0)
+        _restore(kv, before)
         assert runner.can_run(batch)
         graph_logits = runner.run(batch).sample_logits.clone()
         graph_kv = [(k.clone(), v.clone()) for k, v in kv]
-        for (k, v), (k0, v0) in zip(kv, before):
-            k.copy_(k0)
-            v.copy_(v0)
+        _restore(kv, before)
         eager_logits = LocalExecutor(model, kv, backend).execute(batch).sample_logits
         assert rel_err(graph_logits, eager_logits) <= tol
-        real = sorted(batch.meta.slot_mapping.tolist())
-        for (kg, vg), (k0, v0), (ke, ve) in zip(graph_kv, before, kv):
-            for new, old, eager_new in ((kg, k0, ke), (vg, v0, ve)):
-                changed = (new != old).flatten(2).any(-1).flatten().nonzero().flatten().tolist()
-                assert changed == real
-                assert rel_err(new.flatten(0, 1)[real], eager_new.flatten(0, 1)[real]) <= tol
+        _assert_wrote_only_the_batch(batch, before, graph_kv, kv, tol)
 
 
 @pytest.mark.gpu
@@ -789,25 +785,16 @@ def test_score_graph_forward_equals_eager_and_keeps_other_kv(cuda_models, dtype)
     padded = [(50, 17, [20, 21, 22, 23]), (33, 33, [24, 25, 26])]
     for chunks in (exact, padded, exact):  # the third replays an already captured graph after another
         batch = _score_batch(chunks, bs, 8, device, vocab=arch.vocab_size, seed=len(chunks))
-        for (k, v), (k0, v0) in zip(kv, before):
-            k.copy_(k0)
-            v.copy_(v0)
+        _restore(kv, before)
         assert runner.can_run(batch)
         with torch.inference_mode():
             graph_scores = [t.clone() for t in compute_output_logits(model, runner.run(batch), batch,
                                                                     EAGER_OPS).score_logits]
         graph_kv = [(k.clone(), v.clone()) for k, v in kv]
-        for (k, v), (k0, v0) in zip(kv, before):
-            k.copy_(k0)
-            v.copy_(v0)
+        _restore(kv, before)
         eager_scores = LocalExecutor(model, kv, backend).execute(batch).score_logits
         assert max(rel_err(g, e) for g, e in zip(graph_scores, eager_scores)) <= tol
-        real = sorted(batch.meta.slot_mapping.tolist())
-        for (kg, vg), (k0, v0), (ke, ve) in zip(graph_kv, before, kv):
-            for new, old, eager_new in ((kg, k0, ke), (vg, v0, ve)):
-                changed = (new != old).flatten(2).any(-1).flatten().nonzero().flatten().tolist()
-                assert changed == real
-                assert rel_err(new.flatten(0, 1)[real], eager_new.flatten(0, 1)[real]) <= tol
+        _assert_wrote_only_the_batch(batch, before, graph_kv, kv, tol)
 
 
 @pytest.mark.gpu
