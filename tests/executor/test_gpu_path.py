@@ -692,6 +692,16 @@ def cuda_models():
     return get
 
 
+def _random_cuda_kv(arch, num_blocks: int, block_size: int, dtype: torch.dtype) -> tuple[list, list]:
+    """A CUDA KV cache of normal noise (prefixes already cached) and a copy of it."""
+    kv = allocate_kv_cache(arch, num_blocks, block_size, dtype, torch.device("cuda"))
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    for k, v in kv:
+        k.normal_(generator=gen)
+        v.normal_(generator=gen)
+    return kv, [(k.clone(), v.clone()) for k, v in kv]
+
+
 def _count_graph_runs(engine: Engine, monkeypatch) -> list[int]:
     calls = [0]
     run = engine.executor.graphs.run
@@ -735,12 +745,7 @@ def test_cuda_graph_step_equals_eager_step_and_keeps_other_kv(cuda_models, dtype
 
     loaded = cuda_models("generator", dtype)
     model, arch, bs, device = loaded.model, loaded.arch, 16, torch.device("cuda")
-    kv = allocate_kv_cache(arch, 64, bs, dtype, device)
-    gen = torch.Generator(device="cuda").manual_seed(0)
-    for k, v in kv:
-        k.normal_(generator=gen)
-        v.normal_(generator=gen)
-    before = [(k.clone(), v.clone()) for k, v in kv]
+    kv, before = _random_cuda_kv(arch, 64, bs, dtype)
     backend = TritonAttention(decode_splits=1)
     runner = CudaGraphRunner(model, kv, backend, EAGER_OPS, max_num_seqs=8, max_blocks_per_seq=8, block_size=bs, sizes=(4, 8))
     tables = [[2 * i, 2 * i + 1, 40 + i] for i in range(8)]
@@ -771,12 +776,7 @@ def test_score_graph_forward_equals_eager_and_keeps_other_kv(cuda_models, dtype)
 
     loaded = cuda_models("prm", dtype)
     model, arch, bs, device = loaded.model, loaded.arch, 16, torch.device("cuda")
-    kv = allocate_kv_cache(arch, 64, bs, dtype, device)
-    gen = torch.Generator(device="cuda").manual_seed(0)
-    for k, v in kv:
-        k.normal_(generator=gen)
-        v.normal_(generator=gen)
-    before = [(k.clone(), v.clone()) for k, v in kv]
+    kv, before = _random_cuda_kv(arch, 64, bs, dtype)
     backend = TritonAttention(decode_splits=1)
     runner = ScoreGraphRunner(model, kv, backend, EAGER_OPS, max_tokens=128, max_chunks=4, max_blocks_per_seq=8,
                               block_size=bs, sizes=(64, 128))
