@@ -12,6 +12,8 @@ driver (asyncio, search logic, score cache, results) and grading. Writes host.js
     python -m evals.bench_host --limits 20 100 --problem-batches 16 64
     python -m evals.bench_host --limits 20 --problem-batches 16 64 --async-scheduling both \
         --hide-driver both --rounds 3 --stem host_async
+    python -m evals.bench_host --limits 20 --problem-batches 16 64 --overlap on --hide-driver on \
+        --partial-blocks both --rounds 2 --stem host_partial_blocks
 """
 
 from __future__ import annotations
@@ -35,7 +37,8 @@ from search.config import SearchConfig
 from search.driver import run_search
 from search.problem import Problem
 from tts_runtime.cohost.runtime import Runtime
-from tts_runtime.config import CohostConfig, EngineConfig, SchedulerConfig, resolve_device, resolve_dtype
+from tts_runtime.config import (CacheConfig, CohostConfig, EngineConfig, SchedulerConfig, resolve_device,
+                                resolve_dtype)
 from tts_runtime.engine.host_times import PHASES
 from tts_runtime.executor.sim import shared_device
 from tts_runtime.models.loader import LoadedModel, load_model
@@ -67,6 +70,8 @@ class HostBench:
     # Both engines' forwards queued on the device's one stream (CohostConfig.overlap) off and/or on.
     overlap: Sequence[bool] = (False,)
     async_scheduling: Sequence[bool] = (True,)  # the engine's default
+    # Partial KV blocks kept for the requests that continue them (CacheConfig.reuse_partial_blocks).
+    partial_blocks: Sequence[bool] = (True,)  # the engine's default
     rounds: int = 1
     dataset_path: str | None = None
     stem: str = "host"
@@ -107,10 +112,12 @@ def _timed_grading(timer: _Timed):
 
 
 def measure(bench: HostBench, models: tuple[LoadedModel, LoadedModel], problems: Sequence[Problem],
-            problem_batch: int, hide_driver: bool, overlap: bool, async_scheduling: bool) -> dict[str, Any]:
+            problem_batch: int, hide_driver: bool, overlap: bool, async_scheduling: bool,
+            partial_blocks: bool) -> dict[str, Any]:
     """One run on a fresh runtime (a cold prefix cache, as in a real run)."""
     cohost = CohostConfig(phase_policy=bench.phase_policy, hide_driver=hide_driver, overlap=overlap)
     engine_config = EngineConfig(device=bench.device, cohost=cohost,
+                                 cache=CacheConfig(reuse_partial_blocks=partial_blocks),
                                  scheduler=SchedulerConfig(async_scheduling=async_scheduling))
     runtime = Runtime(*models, memory=bench.memory, engine_config=engine_config)
     config = SearchConfig(**{**bench.config.to_dict(), "problem_batch": problem_batch})
@@ -149,7 +156,7 @@ def measure(bench: HostBench, models: tuple[LoadedModel, LoadedModel], problems:
     driver = wall - stepping.seconds - grading.seconds
     return {
         "problems": len(results), "problem_batch": problem_batch, "hide_driver": hide_driver, "overlap": overlap,
-        "async_scheduling": async_scheduling, "seconds": wall,
+        "async_scheduling": async_scheduling, "partial_blocks": partial_blocks, "seconds": wall,
         "problems_per_min": 60 * len(results) / wall,
         "ceiling_problems_per_min": 60 * len(results) / ceiling if ceiling else 0.0,
         "device_seconds": ceiling, "device_busy_fraction": ceiling / wall,
@@ -167,7 +174,8 @@ def _row(m: dict[str, Any]) -> dict[str, Any]:
         + m["grading_seconds"]
     return {
         "problems": m["problems"], "batch": m["problem_batch"], "hide driver": m["hide_driver"],
-        "overlap": m["overlap"], "async": m["async_scheduling"], "problems/min": m["problems_per_min"],
+        "overlap": m["overlap"], "async": m["async_scheduling"], "partial blocks": m["partial_blocks"],
+        "problems/min": m["problems_per_min"],
         "ceiling/min": m["ceiling_problems_per_min"], "device busy": m["device_busy_fraction"],
         "gen busy": gen["busy_fraction"], "PRM busy": prm["busy_fraction"],
         "host share": host / wall,
@@ -180,7 +188,8 @@ def _row(m: dict[str, Any]) -> dict[str, Any]:
 
 def _phase_rows(m: dict[str, Any]) -> list[dict[str, Any]]:
     return [{"problems": m["problems"], "batch": m["problem_batch"], "hide driver": m["hide_driver"],
-             "overlap": m["overlap"], "async": m["async_scheduling"], "engine": name,
+             "overlap": m["overlap"], "async": m["async_scheduling"], "partial blocks": m["partial_blocks"],
+             "engine": name,
              "steps": e["steps"],
              **{f"{p} ms": e[f"{p}_ms_per_step"] for p in PHASES}} for name, e in m["engines"].items()]
 
@@ -189,7 +198,8 @@ def _logged(log: Callable[[str], None], measure_one: Callable[[], dict]) -> Call
     def run() -> dict:
         m = measure_one()
         log(f"{m['problems']} problems, batch {m['problem_batch']}, hide_driver {m['hide_driver']}, "
-            f"overlap {m['overlap']}, async_scheduling {m['async_scheduling']}: "
+            f"overlap {m['overlap']}, async_scheduling {m['async_scheduling']}, "
+            f"partial_blocks {m['partial_blocks']}: "
             f"{m['problems_per_min']:.1f} problems/min, ceiling {m['ceiling_problems_per_min']:.1f}, "
             f"device busy {m['device_busy_fraction']:.0%}")
         return m
@@ -205,10 +215,10 @@ def bench_host(bench: HostBench, command: str, log: Callable[[str], None] = prin
         problems = load_problems(DatasetConfig(dataset_path=bench.dataset_path, limit=limit))
         for batch in bench.problem_batches:
             side = SideBySide(f"{limit}x{batch}")
-            variants = {f"hide_driver={hide},overlap={overlap},async={ahead}":
-                        _logged(log, partial(measure, bench, models, problems, batch, hide, overlap, ahead))
+            variants = {f"hide_driver={hide},overlap={overlap},async={ahead},partial_blocks={reuse}":
+                        _logged(log, partial(measure, bench, models, problems, batch, hide, overlap, ahead, reuse))
                         for hide in bench.hide_driver for overlap in bench.overlap
-                        for ahead in bench.async_scheduling}
+                        for ahead in bench.async_scheduling for reuse in bench.partial_blocks}
             side.run(variants, bench.rounds)
             measured += [m for runs in side.runs.values() for m in runs]
             medians.append({"problems": limit, "problem_batch": batch,
@@ -258,6 +268,8 @@ def main(argv: Sequence[str] | None = None) -> None:
                         help="both: off and on side by side, alternating")
     parser.add_argument("--async-scheduling", choices=("off", "on", "both"), default="on",
                         help="both: off and on side by side, alternating")
+    parser.add_argument("--partial-blocks", choices=("off", "on", "both"), default="on",
+                        help="both: off and on side by side, alternating")
     parser.add_argument("--rounds", type=int, default=1, help="alternating rounds; medians")
     parser.add_argument("--dataset-path", default=None)
     parser.add_argument("--stem", default="host", help="docs/benchmarks/<stem>.json/md")
@@ -267,6 +279,7 @@ def main(argv: Sequence[str] | None = None) -> None:
                       phase_policy=args.phase_policy, rounds=args.rounds, hide_driver=switch[args.hide_driver],
                       overlap=switch[args.overlap],
                       async_scheduling=switch[args.async_scheduling],
+                      partial_blocks=switch[args.partial_blocks],
                       dataset_path=args.dataset_path, stem=args.stem)
     bench_host(bench, shlex.join(["python", "-m", "evals.bench_host", *(argv or sys.argv[1:])]))
 

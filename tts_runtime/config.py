@@ -45,6 +45,13 @@ class CacheConfig:
     block_size: int | None = option(None, "Tokens per KV block (default: 8 on a CPU, 16 on a GPU); the prefix "
                                     "cache shares whole blocks only, so smaller blocks recompute less of each "
                                     "continued prompt.", panel="Engine")
+    # A search continues each beam from the sequence that generated it: keeping that
+    # sequence's partial last block (and copying a forking prompt's to each child) spares the
+    # recompute of up to block_size - 1 tokens per step and request (block_manager.py).
+    reuse_partial_blocks: bool = option(True, "Keep a finished sequence's partial last KV block for the request "
+                                        "that continues it, and copy a forking prompt's to its children, instead "
+                                        "of recomputing those tokens (needs the prefix cache for the first).",
+                                        panel="Engine", flag="partial_blocks")
     # Exactly one of these decides the pool size; num_blocks wins when both are set.
     num_blocks: int | None = None
     kv_cache_bytes: int | None = None

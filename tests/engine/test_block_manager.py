@@ -81,3 +81,57 @@ def test_prefix_caching_off_never_hits():
     bm.free(ids)
     assert bm.acquire_cached_prefix([1, 2, 3, 4, 5], max_blocks=1) == ([], [])
     assert bm.num_cached_free_blocks == 0
+
+
+def _sequence_with_tail(bm: BlockManager, tokens: list[int]) -> tuple[list[int], int, int]:
+    """A sequence's blocks after computing `tokens` (one partial last block), kept as a tail
+    and freed: (full block ids, tail block id, the full blocks' last chained hash)."""
+    full = _fill(bm, tokens)
+    parent = bm.full_block_hashes(tokens, len(full))[-1] if full else ROOT_HASH
+    tail = bm.allocate(1)[0]
+    bm.keep_tail(tail, parent, tuple(tokens[len(full) * bm.block_size:]))
+    bm.free(full + [tail])
+    return full, tail, parent
+
+
+def test_a_freed_tail_is_taken_over_once_by_a_sequence_that_continues_it():
+    bm = BlockManager(num_blocks=8, block_size=4)
+    full, tail, parent = _sequence_with_tail(bm, [1, 2, 3, 4, 5, 6, 7])
+    assert bm.num_cached_free_blocks == 2  # the full block and the tail
+    continued = [1, 2, 3, 4, 5, 6, 7, 8, 9]
+    hit, _ = bm.acquire_cached_prefix(continued, max_blocks=2)
+    assert hit == full
+    # Another parent or other tokens find nothing.
+    assert bm.take_tail(ROOT_HASH, continued, 4, 4) is None
+    assert bm.take_tail(parent, [1, 2, 3, 4, 9, 9, 9], 4, 3) is None
+    assert bm.take_tail(parent, continued, 4, 4) == (tail, 3)
+    assert bm.ref_count(tail) == 1 and bm.num_cached_free_blocks == 0
+    assert bm.take_tail(parent, continued, 4, 4) is None  # taken: it is written past its tokens now
+    assert bm.stats.tail_hits == 1 and bm.stats.tail_tokens == 3
+
+
+def test_a_tail_serves_its_leading_tokens_up_to_the_limit_and_the_longest_match_wins():
+    bm = BlockManager(num_blocks=8, block_size=4)
+    _, short, parent = _sequence_with_tail(bm, [1, 2, 3, 4, 5])
+    _, longer, _ = _sequence_with_tail(bm, [1, 2, 3, 4, 5, 6, 7])
+    assert bm.take_tail(parent, [1, 2, 3, 4, 5, 6, 7, 8], 4, 2) == (longer, 2)  # at most 2 tokens asked
+    assert bm.take_tail(parent, [1, 2, 3, 4, 5, 0, 0], 4, 3) == (short, 1)
+
+
+def test_tails_are_evicted_like_cached_blocks_and_kept_only_where_they_can_be_found():
+    bm = BlockManager(num_blocks=3, block_size=4)
+    _, tail, parent = _sequence_with_tail(bm, [1, 2, 3, 4, 5, 6])
+    bm.allocate(1)  # the never-cached block
+    bm.allocate(1)  # the least recently freed: the tail (freed first, as a sequence's end)
+    assert bm.take_tail(parent, [1, 2, 3, 4, 5, 6, 7], 4, 3) is None
+    # The full block stays cached; dropping the tail is no prefix eviction.
+    assert bm.num_cached_free_blocks == 1 and bm.stats.evictions == 0
+    # Not kept: a block that a second sequence references, no tokens, or the switch or prefix cache off.
+    for manager, tokens, references in ((BlockManager(4, 4), (5,), 2), (BlockManager(4, 4), (), 1),
+                                        (BlockManager(4, 4, reuse_partial_blocks=False), (5,), 1),
+                                        (BlockManager(4, 4, enable_prefix_caching=False), (5,), 1)):
+        block = manager.allocate(1)[0]
+        manager.share([block] * (references - 1))
+        manager.keep_tail(block, ROOT_HASH, tokens)
+        manager.free([block] * references)
+        assert manager.num_cached_free_blocks == 0 and manager.take_tail(ROOT_HASH, [5, 6], 0, 1) is None

@@ -37,6 +37,24 @@ def test_n_children_share_the_prompt_blocks(generator_model, prompt):
     assert len({tuple(c.token_ids) for c in out.completions}) > 1
 
 
+def test_forked_children_copy_the_prompts_partial_block_instead_of_recomputing_it(generator_model, prompt):
+    """n > 1 with partial-block reuse: each child gets a device copy of the prompt's partial
+    last block (queued with the next batch), so its first token runs as a decode; it
+    continues as a child that recomputed the block does (the switch off)."""
+    block_size = 8
+    assert len(prompt) % block_size
+    runs = {}
+    for reuse in (False, True):
+        engine = Engine(generator_model.name, EngineConfig(
+            cache=CacheConfig(block_size=block_size, reuse_partial_blocks=reuse)), loaded=generator_model)
+        out = engine.generate([prompt], SamplingParams(temperature=0, n=4, max_tokens=8, ignore_eos=True))[0]
+        runs[reuse] = ([c.token_ids for c in out.completions], engine.stats.computed_tokens)
+    decodes = 4 * 7  # each child's tokens but its last, never fed back
+    assert runs[True][1] == len(prompt) + decodes
+    assert runs[False][1] == len(prompt) + decodes + 3 * (len(prompt) % block_size)
+    assert runs[True][0] == runs[False][0]
+
+
 def test_preemption_under_tiny_kv_budget_keeps_greedy_outputs(generator_model, prompt):
     greedy = SamplingParams(temperature=0, max_tokens=48)
     prompts = [prompt, prompt[:-3] + prompt[-3:], prompt[5:]]
@@ -115,33 +133,46 @@ def test_snapshot_reports_prefix_hits_and_pool_occupancy(generator_model, prompt
     engine.generate([prompt], greedy)
     first = engine.snapshot()
     assert first["prefix_hits"] == 0 and first["blocks_in_use"] == 0
-    assert first["blocks_cached_free"] == (len(prompt) + 3) // engine.block_size
+    # The prompt and 3 of the 4 tokens were computed: their full blocks stay cached, and so
+    # does the partial last one (a tail).
+    computed = len(prompt) + 3
+    assert computed % engine.block_size
+    assert first["blocks_cached_free"] == -(-computed // engine.block_size)
     engine.generate([prompt], greedy)
     second = engine.snapshot()
     full = (len(prompt) - 1) // engine.block_size
     assert second["prefix_hits"] == full
     assert second["prefix_queries"] == first["prefix_queries"] + full
-    assert second["cached_prompt_tokens"] == full * engine.block_size
-    assert second["computed_tokens"] - first["computed_tokens"] == len(prompt) - full * engine.block_size + 3
+    # The tail serves the prompt up to its last token, which is computed (its logits sample).
+    assert second["cached_prompt_tokens"] == len(prompt) - 1
+    assert second["computed_tokens"] - first["computed_tokens"] == 1 + 3
 
 
 @pytest.mark.parametrize("block_size", [16, 8, 4])
 def test_a_continued_prompt_recomputes_only_what_follows_its_last_full_block(generator_model, prompt, block_size):
-    """A search's next step sends the previous prompt plus the tokens it produced: the prefix
-    cache serves the full blocks, and the rest (the old partial block and the new tokens) is
-    computed again, so smaller blocks recompute less."""
-    engine = Engine(generator_model.name, EngineConfig(cache=CacheConfig(block_size=block_size)),
-                    loaded=generator_model)
-    greedy = SamplingParams(temperature=0, max_tokens=5, ignore_eos=True)
-    step = engine.generate([prompt], greedy)[0].completions[0].token_ids
-    continued = prompt + step
-    before = engine.snapshot()
-    engine.generate([continued], greedy)
-    after = engine.snapshot()
-    # The first request's KV covers the prompt and 4 of its 5 tokens (the last was sampled, never fed back).
-    full = (len(prompt) + len(step) - 1) // block_size
-    assert after["cached_prompt_tokens"] - before["cached_prompt_tokens"] == full * block_size
-    assert after["computed_tokens"] - before["computed_tokens"] == len(continued) - full * block_size + 4
+    """A search's next step sends the previous prompt plus the tokens it produced. Without
+    partial-block reuse the prefix cache serves the full blocks, and the rest (the old partial
+    block and the new tokens) is computed again, so smaller blocks recompute less; with it the
+    old partial block is taken over too, and only the never-computed last token runs, as a
+    decode. Either way the continuation is the same."""
+    continuations, forwards = [], []
+    for reuse in (False, True):
+        engine = Engine(generator_model.name, EngineConfig(
+            cache=CacheConfig(block_size=block_size, reuse_partial_blocks=reuse)), loaded=generator_model)
+        greedy = SamplingParams(temperature=0, max_tokens=5, ignore_eos=True)
+        step = engine.generate([prompt], greedy)[0].completions[0].token_ids
+        continued = prompt + step
+        before, forwards = engine.snapshot(), len(engine.stats.decode_batch_sizes)
+        continuations.append(engine.generate([continued], greedy)[0].completions[0].token_ids)
+        after = engine.snapshot()
+        # With the tail, the one token left runs in the decode batch: no forward prefills.
+        assert len(engine.stats.decode_batch_sizes) - forwards == (5 if reuse else 4)
+        # The first request's KV covers the prompt and 4 of its 5 tokens (the last was sampled, never fed back).
+        cached = len(continued) - 1 if reuse else (len(prompt) + len(step) - 1) // block_size * block_size
+        assert after["cached_prompt_tokens"] - before["cached_prompt_tokens"] == cached
+        assert after["computed_tokens"] - before["computed_tokens"] == len(continued) - cached + 4
+        assert engine.blocks.stats.tail_hits == int(reuse and (len(continued) - 1) % block_size != 0)
+    assert continuations[0] == continuations[1]
 
 
 def test_block_size_out_of_range_is_a_config_error():
@@ -164,9 +195,9 @@ def test_a_request_aborted_before_it_was_scheduled_does_not_count_toward_the_hit
     engine.step()
     engine.abort_request("scheduled")
     after = engine.snapshot()
-    full = (len(prompt) - 1) // engine.block_size
     assert after["prompt_tokens"] - before["prompt_tokens"] == len(prompt)
-    assert after["cached_prompt_tokens"] - before["cached_prompt_tokens"] == full * engine.block_size
+    # Full blocks and the first request's partial last block serve all but the last token.
+    assert after["cached_prompt_tokens"] - before["cached_prompt_tokens"] == len(prompt) - 1
 
 
 def test_decode_groups_cover_each_sequence_once_within_the_padding_bound():

@@ -77,7 +77,10 @@ def test_score_matches_hf_forward(prm_model, hf_reference, cached_prefix):
         engine.score([question + [tok.eos_token_id]], ScoreParams([0], candidates))
     out = engine.score([ids], ScoreParams(positions, candidates))[0]
     if cached_prefix:
-        assert out.num_cached_prompt_tokens == len(question) // engine.block_size * engine.block_size > 0
+        # The question's full blocks and the first request's partial last block (a tail,
+        # which ends where the two requests' tokens part).
+        assert len(question) % engine.block_size
+        assert out.num_cached_prompt_tokens == len(question)
     else:
         assert out.num_cached_prompt_tokens == 0
     expected = _hf_probs(hf_reference(prm_model), ids, positions, candidates)

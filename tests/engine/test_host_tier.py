@@ -24,7 +24,9 @@ def questions(math500_path) -> list[str]:
 
 
 def _engine(model, num_blocks: int, host_bytes: int = 0, **scheduler) -> tuple[Engine, ThrashTracker]:
-    config = EngineConfig(cache=CacheConfig(num_blocks=num_blocks, block_size=16, host_kv_bytes=host_bytes),
+    # Whole blocks only (the tier keeps no partial block), so that recomputes count in blocks.
+    config = EngineConfig(cache=CacheConfig(num_blocks=num_blocks, block_size=16, host_kv_bytes=host_bytes,
+                                            reuse_partial_blocks=False),
                           scheduler=SchedulerConfig(**scheduler))
     engine = Engine(model.name, config, loaded=model)
     tracker = ThrashTracker()

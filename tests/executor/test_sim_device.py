@@ -215,3 +215,39 @@ def test_a_forwards_cost_adds_every_term_of_its_batch():
     assert cost.seconds(batch) == pytest.approx(1.0 + 0.5 + 2 * 0.1 + 5 * 0.01 + (10 + 20 + 12) * 0.001)
     without_context = SimCost(fixed_seconds=1.0, seconds_per_decode=0.1, seconds_per_prefill_token=0.01)
     assert without_context.seconds(batch) == pytest.approx(1.0 + 2 * 0.1 + 5 * 0.01)
+
+
+def test_partial_block_reuse_prefills_only_the_prompts_and_searches_the_same(generator_model, prm_model,
+                                                                              math500_path):
+    """With partial-block reuse each beam's next step continues the KV of the sequence that
+    generated its last step (its partial last block is taken over, a forked child copies its
+    parent's): after the problems' prompts the generator prefills nothing, every step's first
+    token runs as a decode. Tokens and scores on the simulated device do not depend on what
+    was cached, so every search ends exactly as with the recompute."""
+    from memory.split import MemoryConfig
+    from search.config import SearchConfig
+    from search.driver import run_search
+    from search.prompts import PromptBuilder
+    from tts_runtime.cohost.runtime import Runtime
+    from tts_runtime.config import CacheConfig, CohostConfig
+    from tts_runtime.runs.datasets import DatasetConfig, load_problems
+
+    problems = load_problems(DatasetConfig(dataset_path=str(math500_path), limit=3))
+    prompts = PromptBuilder.configured(generator_model.tokenizer, None, None)
+    prompt_tokens = sum(len(prompts.prompt_token_ids(p.question)) for p in problems)
+    runs = {}
+    for reuse in (False, True):
+        config = EngineConfig(device="sim", cache=CacheConfig(reuse_partial_blocks=reuse),
+                              cohost=CohostConfig(phase_policy="batched"))
+        runtime = Runtime(generator_model, prm_model, memory=MemoryConfig(device_memory=4 << 30), engine_config=config)
+        try:
+            results = run_search(runtime, problems, SearchConfig(num_iterations=6, problem_batch=3))
+        finally:
+            runtime.shutdown()
+        stats = runtime.generator.stats
+        runs[reuse] = ([{**r.to_dict(), "seconds": 0} for r in results],
+                       stats.computed_tokens - sum(stats.decode_batch_sizes), runtime.generator.blocks.stats.tail_hits)
+    (recomputed, prefilled_without, _), (reused, prefilled_with, tail_hits) = runs[False], runs[True]
+    assert reused == recomputed
+    assert prefilled_with <= prompt_tokens < prefilled_without
+    assert tail_hits >= len(problems) * 5  # a step after each of the first five

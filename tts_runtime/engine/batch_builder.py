@@ -119,5 +119,7 @@ def build_model_input(batch: ScheduledBatch, block_size: int,
         sample_rows=values_on_device(sample_rows, torch.long, device),
         score_rows=score_rows,
         read_rows=sorted(read_rows),
+        block_copies=(values_on_device(list(zip(*batch.block_copies)), torch.long, device)
+                      if batch.block_copies else None),
     )
     return model_input, layout

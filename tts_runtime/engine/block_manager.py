@@ -17,6 +17,15 @@ tokens not recomputed). `prefetch` does the same ahead of a lookup, leaving the 
 blocks cached-but-free at the recent end of the LRU list; the lookup that uses one counts
 it as a host hit. Blocks dropped deliberately (`evict_cached`, an elastic pool taking a
 chunk, whose bytes are zeroed at once) are not saved.
+
+With `reuse_partial_blocks`, a sequence's last, partial block outlives it as a *tail*: its
+computed tokens are kept under its parent's chained hash (`keep_tail`), the block waits in
+the LRU list like a cached full block, and a later sequence that continues the same prefix
+takes it over (`take_tail`) instead of recomputing up to block_size - 1 tokens. A search
+continues every beam from the sequence that generated its last step, so without tails each
+generator step and PRM request recomputes half a block on average. A tail has one taker: it
+leaves the cache when taken (it is written past its tokens from then on) and is never saved
+to the host tier.
 """
 
 from __future__ import annotations
@@ -37,6 +46,15 @@ def chain_hash(parent_hash: int, tokens: tuple[int, ...]) -> int:
     return hash((parent_hash, tokens))
 
 
+def _common_prefix(a: tuple[int, ...], b: list[int]) -> int:
+    count = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        count += 1
+    return count
+
+
 @dataclass
 class _Block:
     block_id: int
@@ -44,6 +62,7 @@ class _Block:
     block_hash: int | None = None
     parent_hash: int = ROOT_HASH
     tokens: tuple[int, ...] = ()
+    is_tail: bool = False  # a cached partial block: `tokens` are its first, computed slots
 
 
 @dataclass
@@ -53,6 +72,8 @@ class BlockStats:
     allocations: int = 0
     evictions: int = 0
     host_hits: int = 0  # lookups served by the host tier (swapped in, or prefetched)
+    tail_hits: int = 0  # partial blocks taken over instead of recomputed
+    tail_tokens: int = 0  # tokens those tails saved
 
 
 @dataclass
@@ -66,6 +87,7 @@ class BlockManager:
     usable_blocks: Iterable[int] | None = None
     # Host KV tier below the device pool (None: evicted blocks are lost).
     host_tier: HostTier | None = None
+    reuse_partial_blocks: bool = True
 
     def __post_init__(self) -> None:
         self._blocks = [_Block(i) for i in range(self.num_blocks)]
@@ -75,6 +97,7 @@ class BlockManager:
         self._free_cached: OrderedDict[int, None] = OrderedDict()  # LRU first
         self._by_hash: dict[int, int] = {}
         self._prefetched: set[int] = set()  # hashes the prefetcher loaded, not looked up since
+        self._tails: dict[int, set[int]] = {}  # parent chained hash -> cached tail block ids
         self.stats = BlockStats()
         # Bumped whenever a hash enters or leaves the device cache or the host tier: a
         # read-only lookup (`num_cached_prefix_blocks`) answered at one version holds until
@@ -253,6 +276,45 @@ class BlockManager:
         self._emit("cached", block_id, h)
         return h
 
+    # -- tails (cached partial blocks) --------------------------------------------------
+    def keep_tail(self, block_id: int, parent_hash: int, tokens: tuple[int, ...]) -> None:
+        """Keep this partial block's first len(tokens) slots for a sequence that continues
+        `parent_hash`'s prefix with `tokens`, once its last user frees it."""
+        block = self._blocks[block_id]
+        if (not (self.enable_prefix_caching and self.reuse_partial_blocks) or not tokens
+                or block.block_hash is not None or block.is_tail or block.ref_count != 1):
+            return
+        block.is_tail, block.parent_hash, block.tokens = True, parent_hash, tokens
+        self._tails.setdefault(parent_hash, set()).add(block_id)
+
+    def take_tail(self, parent_hash: int, token_ids: list[int], start: int, max_tokens: int) -> tuple[int, int] | None:
+        """The cached tail under `parent_hash` sharing the most leading tokens with
+        token_ids[start:] (at most `max_tokens`), taken over by the caller (one reference):
+        (block id, tokens it holds), or None."""
+        best, best_len = None, 0
+        wanted = token_ids[start:start + max_tokens]
+        for block_id in self._tails.get(parent_hash, ()):
+            common = _common_prefix(self._blocks[block_id].tokens, wanted)
+            if common > best_len:
+                best, best_len = block_id, common
+        if best is None:
+            return None
+        block = self._blocks[best]
+        if block.ref_count == 0:
+            del self._free_cached[best]
+        self._forget_tail(block)
+        block.ref_count += 1
+        self.stats.tail_hits += 1
+        self.stats.tail_tokens += best_len
+        return best, best_len
+
+    def _forget_tail(self, block: _Block) -> None:
+        tails = self._tails[block.parent_hash]
+        tails.discard(block.block_id)
+        if not tails:
+            del self._tails[block.parent_hash]
+        block.is_tail, block.parent_hash, block.tokens = False, ROOT_HASH, ()
+
     # -- allocation ------------------------------------------------------------------
     def can_allocate(self, n: int) -> bool:
         return self.num_free_blocks >= n
@@ -277,6 +339,9 @@ class BlockManager:
     def _evict(self, block_id: int, to_host: bool = False) -> None:
         """Forget a cached free block; `to_host`: it is being reused, save it to the tier."""
         block = self._blocks[block_id]
+        if block.is_tail:  # no hash: nothing a lookup, the host tier or a listener knows of
+            self._forget_tail(block)
+            return
         self._emit("evict", block_id, block.block_hash)
         self._prefetched.discard(block.block_hash)
         if to_host and self.host_tier is not None:
@@ -301,7 +366,7 @@ class BlockManager:
             block.ref_count -= 1
             if block.ref_count > 0:
                 continue
-            if block.block_hash is not None:
+            if block.block_hash is not None or block.is_tail:
                 self._free_cached[block_id] = None
             else:
                 heapq.heappush(self._free_uncached, block_id)

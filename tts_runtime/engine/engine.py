@@ -133,7 +133,8 @@ class Engine(BlockingCalls):
             raise ConfigError(f"KV cache budget holds no block of {self.block_size} tokens for "
                               f"{spec.model}; raise the KV memory budget")
         self.blocks = BlockManager(self.num_blocks, self.block_size, cache.enable_prefix_caching,
-                                   usable_blocks=kv.usable if kv is not None else None)
+                                   usable_blocks=kv.usable if kv is not None else None,
+                                   reuse_partial_blocks=cache.reuse_partial_blocks)
         self.executor = executor or build_executor(self.loaded, self.config, self.num_blocks, kv)
         # Only an executor that fills a placeholder input from its previous forward's sampled
         # tokens declares `fills_placeholders` (the sim); with the others the engine stays synchronous.
@@ -486,16 +487,25 @@ class Engine(BlockingCalls):
             self._append_token(seq, token)
 
     def _fork(self, parent: Sequence, first_tokens: list[int]) -> None:
-        """n > 1: children share the prompt's full blocks; each has sampled its own first token."""
+        """n > 1: children share the prompt's full blocks; each has sampled its own first token.
+        With partial-block reuse each child also gets a device copy of the prompt's partial
+        last block (when a block is free), so its first token is a decode instead of a
+        recompute of that block."""
         group = parent.group
         bs = self.block_size
         shared = parent.block_table[: parent.num_prompt_tokens // bs]
+        partial = parent.block_table[len(shared)] if parent.num_prompt_tokens % bs else None
         for index, token in enumerate(first_tokens, start=1):
             child = self._new_sequence(group, list(parent.token_ids), index)
             self.blocks.share(shared)
             child.block_table = list(shared)
             child.block_hashes = list(parent.block_hashes[: len(shared)])
             child.num_computed_tokens = len(shared) * bs
+            copy = self.blocks.allocate(1) if partial is not None and self.blocks.reuse_partial_blocks else None
+            if copy is not None:
+                self.scheduler.copy_block(partial, copy[0])
+                child.block_table.append(copy[0])
+                child.num_computed_tokens = parent.num_prompt_tokens
             child.status = SequenceStatus.RUNNING
             self.scheduler.running.append(child)
             self._append_token(child, token)

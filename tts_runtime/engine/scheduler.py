@@ -19,6 +19,14 @@ k takes the decodes of lane k mod pp (engine/lanes.py); a sequence the engine ma
 `in_flight` is neither scheduled nor preempted until its microbatch completes. With
 pp_size 1 there is one lane holding every decode.
 
+With partial-block reuse (block_manager.py), a sequence leaving the running set keeps its
+last partial block as a tail, and admission takes a tail over after the full-block hits.
+A chunk that is a generate sequence's last token, the rest computed, is then scheduled as a
+decode: a search step continuing a cached beam then runs in the decode batch (a CUDA graph
+replay) instead of making its forward a prefill. Block copies the engine queues (a forked
+child's copy of its parent's partial block) ride with the next batch that runs, before its
+forward reads any KV.
+
 With `ahead` (async scheduling, pp_size 1) a decode in flight is scheduled again for the
 next position while its microbatch runs: it computes the token that microbatch samples,
 which the executor fills in (its input here is unknown). Only a decode can go ahead (its
@@ -34,7 +42,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from tts_runtime.config import SCHEDULER_POLICIES, ConfigError, SchedulerConfig
-from tts_runtime.engine.block_manager import BlockManager
+from tts_runtime.engine.block_manager import ROOT_HASH, BlockManager
 from tts_runtime.engine.lanes import update_lanes
 from tts_runtime.engine.sequence import Sequence, SequenceStatus
 from tts_runtime.engine.throttle import prefill_token_budget
@@ -44,6 +52,7 @@ from tts_runtime.engine.throttle import prefill_token_budget
 class ScheduledBatch:
     decodes: list[Sequence] = field(default_factory=list)
     prefills: list[tuple[Sequence, int]] = field(default_factory=list)  # (sequence, chunk tokens)
+    block_copies: list[tuple[int, int]] = field(default_factory=list)  # (source, destination) block ids
 
     @property
     def num_tokens(self) -> int:
@@ -83,18 +92,22 @@ class Scheduler:
         self._waiting_block_hashes: dict[int, tuple[int, list[int]]] = {}
         # seq_id -> (block cache version, tokens, uncached tokens) of waiting sequences.
         self._waiting_uncached: dict[int, tuple[int, int, int]] = {}
+        self._pending_copies: list[tuple[int, int]] = []  # for the next batch that runs
 
     # -- queue -----------------------------------------------------------------------
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)
+
+    def copy_block(self, source: int, destination: int) -> None:
+        """Have the next batch that runs copy a block's KV before its forward."""
+        self._pending_copies.append((source, destination))
 
     def finish(self, seq: Sequence) -> None:
         seq.status = SequenceStatus.FINISHED
         seq.lane = None
         if seq in self.running:
             self.running.remove(seq)
-        self.blocks.free(seq.block_table)
-        seq.block_table = []
+        self._release(seq)
         # A sequence aborted while waiting leaves its lookup memos behind otherwise.
         self._waiting_block_hashes.pop(seq.seq_id, None)
         self._waiting_uncached.pop(seq.seq_id, None)
@@ -198,7 +211,7 @@ class Scheduler:
             chunk = self._chunk(seq, prefill_budget)
             if not self._reserve(seq, chunk, batch):
                 break
-            batch.prefills.append((seq, chunk))
+            self._add_chunk(batch, seq, chunk)
             prefill_budget -= chunk
         if self.config.prefix_aware_order and len(self.waiting) > 1 and self.blocks.enable_prefix_caching:
             ordered = self._prefix_order(list(self.waiting), 0)
@@ -212,9 +225,17 @@ class Scheduler:
             self._waiting_block_hashes.pop(seq.seq_id, None)
             self._waiting_uncached.pop(seq.seq_id, None)
             chunk = self._chunk(seq, prefill_budget)
-            batch.prefills.append((seq, chunk))
+            self._add_chunk(batch, seq, chunk)
             prefill_budget -= chunk
+        if self._pending_copies and not batch.empty:
+            batch.block_copies, self._pending_copies = self._pending_copies, []
         return batch
+
+    def _add_chunk(self, batch: ScheduledBatch, seq: Sequence, tokens: int) -> None:
+        if tokens == 1 and seq.num_uncomputed_tokens == 1 and not seq.is_score and self.blocks.reuse_partial_blocks:
+            batch.decodes.append(seq)  # the same computation as a decode, in the decode batch
+        else:
+            batch.prefills.append((seq, tokens))
 
     def _prefix_order(self, seqs: list[Sequence], depth: int) -> list[Sequence]:
         """Group by the block hash at `depth`, groups in order of first appearance, each
@@ -305,8 +326,8 @@ class Scheduler:
                     f"KV cache too small: a sequence needs {len(seq.block_table) + need} blocks "
                     f"of {self.blocks.block_size} tokens but the pool has {self.blocks.num_usable_blocks}; "
                     "raise --kv-cache-memory / the device memory budget")
-            self.blocks.free(seq.block_table)
-            seq.block_table, seq.num_computed_tokens = [], 0
+            self._release(seq)
+            seq.num_computed_tokens = 0
             self.num_admission_stalls += 1
             return False
         seq.block_table.extend(self.blocks.allocate(need))
@@ -322,9 +343,38 @@ class Scheduler:
         seq.block_table = hit_ids
         seq.block_hashes = hashes[:len(hit_ids)]
         seq.num_computed_tokens = len(hit_ids) * self.blocks.block_size
+        self._attach_tail(seq)
         if seq.index == 0 and seq.num_tokens <= seq.num_prompt_tokens:
             seq.group.num_cached_prompt_tokens = seq.num_computed_tokens
             seq.group.prompt_looked_up = True
+
+    def _attach_tail(self, seq: Sequence) -> None:
+        """Take over a cached partial block continuing the full-block hits. For a score
+        request, only when its first scored position lies in a later block: its chunk then
+        starts on a block boundary, as without tails (the simulated PRM seeds its scores with
+        a row's tokens from the start of its block or chunk)."""
+        if not self.blocks.reuse_partial_blocks:
+            return
+        start = seq.num_computed_tokens
+        most = seq.num_tokens - 1 - start
+        if seq.is_score and min(seq.group.params.positions) < start + self.blocks.block_size:
+            return
+        parent = seq.block_hashes[-1] if seq.block_hashes else ROOT_HASH
+        taken = self.blocks.take_tail(parent, seq.token_ids, start, most) if most > 0 else None
+        if taken is not None:
+            block_id, tokens = taken
+            seq.block_table.append(block_id)
+            seq.num_computed_tokens += tokens
+
+    def _release(self, seq: Sequence) -> None:
+        """Free the sequence's blocks, keeping its computed partial last block as a tail."""
+        bs = self.blocks.block_size
+        full = len(seq.block_hashes)
+        if len(seq.block_table) > full and full == seq.num_computed_tokens // bs:
+            parent = seq.block_hashes[-1] if full else ROOT_HASH
+            self.blocks.keep_tail(seq.block_table[full], parent, tuple(seq.token_ids[full * bs:seq.num_computed_tokens]))
+        self.blocks.free(seq.block_table)
+        seq.block_table = []
 
     def _prefix_block_limit(self, seq: Sequence) -> int:
         """Most full blocks of `seq` the prefix cache may serve. Always leave at least the
@@ -340,8 +390,8 @@ class Scheduler:
         if seq in batch.decodes:
             batch.decodes.remove(seq)
         batch.prefills = [(s, n) for s, n in batch.prefills if s is not seq]
-        self.blocks.free(seq.block_table)
-        seq.block_table, seq.block_hashes, seq.num_computed_tokens = [], [], 0
+        self._release(seq)
+        seq.block_hashes, seq.num_computed_tokens = [], 0
         seq.status, seq.lane = SequenceStatus.WAITING, None
         self.waiting.appendleft(seq)
         self.num_preemptions += 1

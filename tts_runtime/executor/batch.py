@@ -95,6 +95,9 @@ class ModelInput:
     # The rows of sample_rows and score_rows, sorted, on the host: set by the engine's batch
     # builder, so that finding them needs no read-back from the device.
     read_rows: list[int] | None = None
+    # [2, k] int64 (source row, destination row): whole KV blocks to copy in every layer
+    # before the forward (a forked child's copy of its parent's partial block); None: none.
+    block_copies: torch.Tensor | None = None
 
 
 # The input id of a decode scheduled while the microbatch sampling its token still runs

@@ -53,6 +53,14 @@ def shared_kv_views(buffer: torch.Tensor, arch: ArchConfig, num_blocks: int, blo
             for layer in range(arch.num_layers)]
 
 
+def copy_blocks(kv_caches: KVCaches, copies: torch.Tensor) -> None:
+    """Copy whole blocks, copies[0] to copies[1], in every layer held here."""
+    source, destination = copies
+    for k_cache, v_cache in kv_caches:
+        k_cache[destination] = k_cache[source]
+        v_cache[destination] = v_cache[source]
+
+
 @dataclass
 class KVAllocation:
     """KV memory an engine is handed by its owner (the runtime's elastic pool) instead of

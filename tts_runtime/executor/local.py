@@ -13,7 +13,7 @@ from tts_runtime.executor.attention.attention import AttentionBackend
 from tts_runtime.executor.batch import ModelInput, ModelOutput, SamplePlan
 from tts_runtime.executor.cuda_graphs import CudaGraphRunner
 from tts_runtime.executor.host_copy import values_on_device
-from tts_runtime.executor.kv_cache import KVCaches
+from tts_runtime.executor.kv_cache import KVCaches, copy_blocks
 from tts_runtime.executor.score_graphs import ScoreGraphRunner
 from tts_runtime.models.decoder import DecoderModel
 from tts_runtime.models.layers import EAGER_OPS, LayerOps
@@ -50,6 +50,8 @@ class LocalExecutor:
 
     @torch.inference_mode()
     def execute(self, batch: ModelInput) -> ModelOutput:
+        if batch.block_copies is not None:
+            copy_blocks(self.kv_caches, batch.block_copies)
         if self.graphs is not None and self.graphs.can_run(batch):
             return self.graphs.run(batch)
         if self.score_graphs is not None and self.score_graphs.can_run(batch):

@@ -151,7 +151,9 @@ class SimExecutor:
 
     def _score_logits(self, batch: ModelInput) -> list[torch.Tensor]:
         """Per scored row, normal logits seeded by its position and its tokens from the start of
-        its KV block (never prefix-cached: only full blocks are) or of its chunk, if later."""
+        its KV block or of its chunk, if later. Its block is never served from the cache (the
+        prefix cache serves whole blocks, and a score request takes no partial block that ends
+        in the block of a scored position), so the seed does not depend on what was cached."""
         ids, positions, meta = batch.input_ids.tolist(), batch.positions.tolist(), batch.meta
         starts = meta.prefill_query_starts
         groups = []

@@ -14,6 +14,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -413,6 +414,10 @@ def test_the_wire_carries_every_message_and_refuses_anything_else():
     launch = wire.decode(wire.encode(Launch(3, "generator", _one_token_batch(), plan)))
     assert launch.microbatch == 3 and launch.model == "generator"
     assert torch.equal(launch.batch.meta.prefill_block_tables, _one_token_batch().meta.prefill_block_tables)
+    assert launch.batch.block_copies is None
+    copies = torch.tensor([[4, 9], [5, 10]])  # a forked child's copies of partial blocks
+    copying = wire.decode(wire.encode(Launch(4, "generator", replace(_one_token_batch(), block_copies=copies), plan)))
+    assert torch.equal(copying.batch.block_copies, copies)
     row = launch.sample_plan.rows[0]
     assert (row.token_ids, row.seed, row.params.temperature, row.params.greedy, row.params.uses_penalties) == \
         ([1, 2, 3], 7, 0.7, False, True)

@@ -39,7 +39,7 @@ import zmq
 
 from tts_runtime.executor.attention.backends import backend_for
 from tts_runtime.executor.batch import ModelInput, ModelOutput
-from tts_runtime.executor.kv_cache import allocate_kv_cache
+from tts_runtime.executor.kv_cache import allocate_kv_cache, copy_blocks
 from tts_runtime.executor.layer_ops import layer_ops
 from tts_runtime.executor.local import compute_output_logits, output_rows
 from tts_runtime.executor.pipeline import wire
@@ -238,6 +238,8 @@ class StageWorker:
         """`padded`: the size of the decode graph whose buffers hold this batch (None: eager)."""
         stage_model = self.models[launch.model]
         batch = launch.batch
+        if batch.block_copies is not None:
+            copy_blocks(stage_model.kv_caches, batch.block_copies)
         wait = time.perf_counter()
         if not self.setup.is_first:
             hidden = self.link.receive(launch.microbatch, batch.input_ids.shape[0], stage_model.hidden_size,

@@ -71,7 +71,8 @@ class _Encoder:
                 "prefill_context_lens": list(meta.prefill_context_lens),
                 "prefill_block_tables": self.tensor(meta.prefill_block_tables), "block_size": meta.block_size,
                 "sample_rows": self.tensor(batch.sample_rows),
-                "score_rows": [[self.tensor(rows), self.tensor(ids)] for rows, ids in batch.score_rows]}
+                "score_rows": [[self.tensor(rows), self.tensor(ids)] for rows, ids in batch.score_rows],
+                "block_copies": None if batch.block_copies is None else self.tensor(batch.block_copies)}
 
 
 def _params(params) -> list:
@@ -173,8 +174,10 @@ class _Decoder:
             if not isinstance(pair, list) or len(pair) != 2:
                 _bad("score_rows entry")
             score_rows.append((self.tensor(pair[0], "score rows"), self.tensor(pair[1], "score candidates")))
+        copies = b["block_copies"]
         return ModelInput(self.tensor(b["input_ids"], "input_ids"), self.tensor(b["positions"], "positions"), meta,
-                          self.tensor(b["sample_rows"], "sample_rows"), score_rows)
+                          self.tensor(b["sample_rows"], "sample_rows"), score_rows,
+                          block_copies=None if copies is None else self.tensor(copies, "block_copies"))
 
 
 def _bad(what: str):
@@ -183,7 +186,7 @@ def _bad(what: str):
 
 _BATCH_FIELDS = {"input_ids", "positions", "slot_mapping", "num_decodes", "decode_block_tables",
                  "decode_context_lens", "prefill_query_starts", "prefill_query_lens", "prefill_context_lens",
-                 "prefill_block_tables", "block_size", "sample_rows", "score_rows"}
+                 "prefill_block_tables", "block_size", "sample_rows", "score_rows", "block_copies"}
 
 
 def _fields(value: Any, names: set[str], what: str) -> dict:
