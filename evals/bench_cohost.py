@@ -32,7 +32,7 @@ from search.driver import run_search
 from search.problem import Problem
 from tts_runtime.cohost.overlap import worker_threads
 from tts_runtime.cohost.runtime import Runtime
-from tts_runtime.config import CohostConfig, EngineConfig, SchedulerConfig
+from tts_runtime.config import CacheConfig, CohostConfig, EngineConfig, SchedulerConfig
 from tts_runtime.engine.forward_costs import widest_forward_seconds
 from tts_runtime.models.loader import LoadedModel
 from tts_runtime.runs.metrics import EngineCounters, speculation
@@ -51,6 +51,7 @@ class Variant:
     prefix_order: bool = False  # SchedulerConfig.prefix_aware_order
     score_graphs: bool = True  # EngineConfig.score_graphs (CUDA only)
     executor_sampling: bool = False  # EngineConfig.executor_sampling
+    partial_blocks: bool = True  # CacheConfig.reuse_partial_blocks
 
 
 _ALL = Variant({"phase_policy": "batched", "overlap": True}, speculation=True, prefix_order=True)
@@ -65,6 +66,7 @@ VARIANTS: dict[str, Variant] = {
     "all": _ALL,
     "eager scores": Variant(score_graphs=False),
     "executor sampling": Variant(executor_sampling=True),
+    "no partial blocks": Variant(partial_blocks=False),
 }
 
 
@@ -88,6 +90,7 @@ class CohostBench:
 def _measure(bench: CohostBench, models: tuple[LoadedModel, LoadedModel], problems: Sequence[Problem],
              cohost: CohostConfig, variant: Variant) -> dict[str, Any]:
     engine_config = EngineConfig(device=bench.device, cohost=cohost, linear_backend=bench.linear_backend,
+                                 cache=CacheConfig(reuse_partial_blocks=variant.partial_blocks),
                                  scheduler=SchedulerConfig(prefix_aware_order=variant.prefix_order),
                                  score_graphs=variant.score_graphs, executor_sampling=variant.executor_sampling)
     config = replace(bench.config, speculative_extension=variant.speculation)
@@ -163,7 +166,9 @@ def bench_cohost(bench: CohostBench, *, command: Sequence[str], log: Callable[[s
              "prm_fixed_ms = the fixed part of the PRM's forward cost fitted on that run (launch to result); "
              "eager scores = the PRM's score forwards without CUDA graphs (on a CPU it is the same path as "
              "alternate); executor sampling = the executor samples on the device, so async scheduling launches "
-             "the generator's next decode before this one's tokens reach the host (on a CPU it overlaps nothing).",
+             "the generator's next decode before this one's tokens reach the host (on a CPU it overlaps nothing); "
+             "no partial blocks = every continued beam and forked child recomputes its partial last KV block "
+             "(`--no-partial-blocks`).",
              "batch = sequences per forward (mean); transitions = forwards of the other engine than the one "
              "before; busy = time with a forward of that engine in flight (launch to result) over the "
              "search's wall time (overlapped engines can both be near 100%).",
