@@ -116,7 +116,7 @@ class ThrashTracker:
     def __call__(self, event: BlockEvent) -> None:
         kind, block_hash = event.kind, event.block_hash
         if kind == "allocate":
-            self.allocations += 1
+            self.allocations += event.blocks
         elif kind == "cached":
             self._computed_at[block_hash] = self.allocations
             self._evicted.discard(block_hash)
@@ -124,7 +124,7 @@ class ThrashTracker:
             self.evictions += 1
             self._evicted.add(block_hash)
         elif kind == "hit":
-            self.hits += 1
+            self.hits += event.blocks
         elif kind in _HOST_KINDS:
             self.host.record(event)
             if kind in ("host_hit", "swap_in"):  # back on the device: a later eviction is new

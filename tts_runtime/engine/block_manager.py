@@ -141,7 +141,7 @@ class BlockManager:
         return block_id is not None and self._blocks[block_id].ref_count > 0
 
     # -- events ----------------------------------------------------------------------
-    def _emit(self, kind: BlockEventKind, block_id: int, block_hash: int | None, **extra: float) -> None:
+    def _emit(self, kind: BlockEventKind, block_id: int, block_hash: int | None, **extra: int | float) -> None:
         if self.listeners:
             event = BlockEvent(kind, block_id, block_hash, self.step, **extra)
             for listener in self.listeners:
@@ -168,22 +168,28 @@ class BlockManager:
             hashes = self.full_block_hashes(token_ids, max_blocks)
         hit_ids: list[int] = []
         bs = self.block_size
+        device_hits = 0
+        parent = ROOT_HASH
         for i, h in enumerate(hashes):
             block_id = self._by_hash.get(h)
-            block = self._blocks[block_id] if block_id is not None else None
-            parent = hashes[i - 1] if i else ROOT_HASH
-            if block is None or block.parent_hash != parent or block.tokens != tuple(token_ids[i * bs:(i + 1) * bs]):
+            if block_id is None:
                 break
+            block = self._blocks[block_id]
+            if block.parent_hash != parent or block.tokens != tuple(token_ids[i * bs:(i + 1) * bs]):
+                break
+            parent = h
             if block.ref_count == 0:
                 del self._free_cached[block_id]
             block.ref_count += 1
             hit_ids.append(block_id)
-            if h in self._prefetched:
+            if self._prefetched and h in self._prefetched:
                 self._prefetched.discard(h)
                 self._host_hit(block_id, h)
             else:
-                self.stats.prefix_hits += 1
-                self._emit("hit", block_id, h)
+                device_hits += 1
+        if device_hits:
+            self.stats.prefix_hits += device_hits
+            self._emit("hit", -1, parent, blocks=device_hits)
         while self.host_tier is not None and len(hit_ids) < len(hashes):
             i = len(hit_ids)
             block_id = self._load_from_host(hashes[i], hashes[i - 1] if i else ROOT_HASH,
@@ -329,10 +335,10 @@ class BlockManager:
             else:
                 block_id, _ = self._free_cached.popitem(last=False)
                 self._evict(block_id, to_host=True)
-            block = self._blocks[block_id]
-            block.ref_count = 1
+            self._blocks[block_id].ref_count = 1
             out.append(block_id)
-            self._emit("allocate", block_id, None)
+        if n:
+            self._emit("allocate", -1, None, blocks=n)
         self.stats.allocations += n
         return out
 
@@ -370,7 +376,6 @@ class BlockManager:
                 self._free_cached[block_id] = None
             else:
                 heapq.heappush(self._free_uncached, block_id)
-            self._emit("free", block_id, block.block_hash)
 
     def evict_cached(self, n: int) -> int:
         """Forget up to n cached free blocks (LRU first); returns how many."""
