@@ -31,7 +31,7 @@ class _SeenRows(ProfileTokens):
         self.seen: list[tuple[int, ...]] = []
 
     def next_token(self, row: SamplingRow) -> int:
-        self.seen.append(tuple(row.token_ids))
+        self.seen.append(tuple(row.tokens()))
         return super().next_token(row)
 
 

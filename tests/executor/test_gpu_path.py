@@ -550,7 +550,7 @@ def _rows(vocab: int) -> list[SamplingRow]:
               SamplingParams(temperature=0, frequency_penalty=0.5, presence_penalty=0.3),
               SamplingParams(temperature=1.2, min_p=0.05, seed=9, frequency_penalty=-0.4)]
     gen = torch.Generator().manual_seed(7)
-    return [SamplingRow(p, torch.randint(0, vocab, (30,), generator=gen).tolist(), 12, child_seed(p.seed, i))
+    return [SamplingRow(p, torch.randint(0, vocab, (30,), generator=gen).tolist(), 12, child_seed(p.seed, i), 30)
             for i, p in enumerate(params)]
 
 

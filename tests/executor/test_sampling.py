@@ -33,7 +33,7 @@ def _expected_token(logits: list[float], kept: list[int], u: float) -> int:
 def _draws(params: SamplingParams, output: list[int]) -> list[tuple[int, float]]:
     """(token, the row's uniform number) for every seed, all seeds in one batch."""
     token_ids = PROMPT + output
-    rows = [SamplingRow(params, token_ids, len(PROMPT), seed) for seed in SEEDS]
+    rows = [SamplingRow(params, token_ids, len(PROMPT), seed, len(token_ids)) for seed in SEEDS]
     tokens = sample(torch.tensor([LOGITS] * len(rows)), rows, torch.Generator().manual_seed(0))
     return [(token, 1.0 - seeded_uniform(seed, len(token_ids))) for token, seed in zip(tokens, SEEDS)]
 
@@ -73,16 +73,40 @@ def test_distribution_matches_hand_computed_values(name):
 
 
 def test_greedy_takes_the_largest_penalised_logit():
-    row = SamplingRow(SamplingParams(temperature=0.0, repetition_penalty=4.0), PROMPT + [1], len(PROMPT), None)
+    row = SamplingRow(SamplingParams(temperature=0.0, repetition_penalty=4.0), PROMPT + [1], len(PROMPT), None,
+                      len(PROMPT) + 1)
     # 2.0 / 4 = .5 for token 0 (in the prompt), 1.0 / 4 for token 1: token 2's .5 ties
     # with token 0, and argmax takes the first.
     assert sample(torch.tensor([LOGITS]), [row], None) == [0]
-    frequency = SamplingRow(SamplingParams(temperature=0.0, frequency_penalty=2.0), PROMPT + [0], len(PROMPT), None)
+    frequency = SamplingRow(SamplingParams(temperature=0.0, frequency_penalty=2.0), PROMPT + [0], len(PROMPT), None,
+                            len(PROMPT) + 1)
     assert sample(torch.tensor([LOGITS]), [frequency], None) == [1]  # 2.0 - 2 = 0 < 1.0
 
 
 def test_penalties_leave_the_callers_logits_alone():
     logits = torch.tensor([LOGITS])
-    row = SamplingRow(SamplingParams(repetition_penalty=2.0, presence_penalty=1.0), PROMPT + [1], len(PROMPT), 7)
+    row = SamplingRow(SamplingParams(repetition_penalty=2.0, presence_penalty=1.0), PROMPT + [1], len(PROMPT), 7,
+                      len(PROMPT) + 1)
     sample(logits, [row], None)
     assert logits.tolist() == [LOGITS]
+
+
+@pytest.mark.parametrize("appended", [False, True])
+def test_a_row_going_ahead_reads_its_filled_token_and_only_its_own_tokens(appended):
+    """Async scheduling: a row shares its sequence's list, which may or may not hold the
+    token still in flight yet (the executor sets it as `filled_token`) and grows past the
+    row later; the row samples as if it held exactly its own tokens."""
+    params = SamplingParams(temperature=0.9, repetition_penalty=4.0, frequency_penalty=1.0, seed=3)
+    whole = SamplingRow(params, PROMPT + [1, 2], len(PROMPT), 11, len(PROMPT) + 2)
+    live = PROMPT + [1] + ([2] if appended else [])
+    ahead = SamplingRow(params, live, len(PROMPT), 11, len(PROMPT) + 2, filled_token=2)
+    live.extend([0, 0, 0])  # later tokens of the sequence: not this row's
+    assert ahead.tokens() == whole.tokens() == PROMPT + [1, 2]
+    other = SamplingRow(params, PROMPT + [1, 0], len(PROMPT), 0, len(PROMPT) + 2)  # another last token
+    differs = False
+    for seed in SEEDS:
+        whole.seed = ahead.seed = other.seed = seed
+        token = sample(torch.tensor([LOGITS]), [whole], None)
+        assert sample(torch.tensor([LOGITS]), [ahead], None) == token
+        differs |= sample(torch.tensor([LOGITS]), [other], None) != token
+    assert differs  # the penalties do read the last token

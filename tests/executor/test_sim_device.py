@@ -77,10 +77,11 @@ def test_drawn_steps_follow_the_profile():
     params = SamplingParams(temperature=0.8)
     lengths, eos = [], 0
     for seed in range(1500):
-        row = SamplingRow(params, list(prompt), len(prompt), seed)
+        row = SamplingRow(params, list(prompt), len(prompt), seed, len(prompt))
         while True:
             token = tokens.next_token(row)
             row.token_ids.append(token)
+            row.num_tokens += 1
             if token in (profile.separator_token_id, profile.eos_token_id):
                 break
         lengths.append(len(row.token_ids) - len(prompt))

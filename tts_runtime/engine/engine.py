@@ -33,7 +33,7 @@ from tts_runtime.engine.request import CompletionOutput, RequestOutput, Sampling
 from tts_runtime.engine.scheduler import Scheduler
 from tts_runtime.engine.sequence import RequestGroup, Sequence, SequenceStatus
 from tts_runtime.engine.tiered_kv import TieredKV
-from tts_runtime.executor.batch import PLACEHOLDER_TOKEN, ModelOutput, SamplePlan
+from tts_runtime.executor.batch import ModelOutput, SamplePlan
 from tts_runtime.executor.build_executor import Executor, build_executor
 from tts_runtime.executor.kv_cache import KVAllocation, bytes_per_block
 from tts_runtime.executor.sampler import SamplingRow, child_seed, sample
@@ -391,13 +391,12 @@ class Engine(BlockingCalls):
 
     def _fill_from_previous(self, plan: SamplePlan, seqs: list[Sequence]) -> None:
         """Decodes going ahead (in flight already) read the token their microbatch in flight
-        samples: their rows get a copy of their tokens ending in a placeholder (the executor
-        writes the token there, on its own thread) and point at the previous plan's row."""
+        samples: their rows count it (the executor sets it as the row's `filled_token`, on its
+        own thread) and point at the previous plan's row."""
         previous = self._last_plan_rows
         for row, seq in enumerate(seqs):
             if seq.in_flight:
-                plan.rows[row] = SamplingRow(seq.group.params, [*seq.token_ids, PLACEHOLDER_TOKEN],
-                                             seq.num_prompt_tokens, seq.seed)
+                plan.rows[row].num_tokens += 1
                 plan.filled_from.append((row, previous[seq]))
         self._last_plan_rows = {seq: row for row, seq in enumerate(seqs)}
 
@@ -420,14 +419,15 @@ class Engine(BlockingCalls):
         plan = SamplePlan([], [])
         for row, seq in enumerate(seqs):
             plan.logit_rows.append(row)
-            plan.rows.append(SamplingRow(seq.group.params, seq.token_ids, seq.num_prompt_tokens, seq.seed))
+            plan.rows.append(SamplingRow(seq.group.params, seq.token_ids, seq.num_prompt_tokens, seq.seed,
+                                         seq.num_tokens))
         for row, seq in enumerate(seqs):
             if self._forks(seq):
                 params = seq.group.params
                 for index in range(1, params.n):
                     plan.logit_rows.append(row)
                     plan.rows.append(SamplingRow(params, seq.token_ids, seq.num_prompt_tokens,
-                                                 child_seed(params.seed, params.first_child + index)))
+                                                 child_seed(params.seed, params.first_child + index), seq.num_tokens))
         return plan
 
     @staticmethod

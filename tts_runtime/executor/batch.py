@@ -112,7 +112,7 @@ class SamplePlan:
 
     `filled_from`: (row, previous row) pairs, async scheduling: the token sampled for row
     `previous row` of the previous microbatch's plan is this row's input (a decode's plan
-    row is its input row) and the last token of `rows[row].token_ids` (a placeholder)."""
+    row is its input row) and `rows[row].filled_token`, which the executor sets."""
 
     logit_rows: list[int]
     rows: list[SamplingRow]

@@ -47,10 +47,25 @@ _SEED_MASK = 0x7FFF_FFFF_FFFF_FFFF
 
 @dataclass
 class SamplingRow:
+    """What sampling one sequence's next token reads. Its tokens are the first `num_tokens`
+    of `token_ids`, the sequence's own list and not a copy (copying it for every row of
+    every step was ~6% of the host's time with async scheduling): the engine only appends to
+    it, after the row has been sampled. A decode going ahead (async scheduling) counts the
+    token its microbatch in flight samples, which the executor sets as `filled_token` before
+    sampling; the list may or may not hold it yet."""
+
     params: SamplingParams
-    token_ids: list[int]  # prompt + output so far (repetition penalty reads both)
+    token_ids: list[int]
     num_prompt_tokens: int
     seed: int | None  # the child's seed (`child_seed`); None draws from the shared stream
+    num_tokens: int
+    filled_token: int | None = None
+
+    def tokens(self) -> list[int]:
+        """Prompt + output so far (the repetition penalty reads both)."""
+        if self.filled_token is None:
+            return self.token_ids[:self.num_tokens]
+        return [*self.token_ids[:self.num_tokens - 1], self.filled_token]
 
 
 def child_seed(seed: int | None, child_index: int) -> int | None:
@@ -69,11 +84,12 @@ def _apply_penalties(logits: torch.Tensor, rows: list[SamplingRow]) -> None:
         p = row.params
         if not p.uses_penalties:
             continue
+        tokens = row.tokens()
         if p.repetition_penalty != 1.0:
-            seen = values_on_device(sorted(set(row.token_ids)), torch.long, logits.device)
+            seen = values_on_device(sorted(set(tokens)), torch.long, logits.device)
             values = logits[i, seen]
             logits[i, seen] = torch.where(values > 0, values / p.repetition_penalty, values * p.repetition_penalty)
-        output = row.token_ids[row.num_prompt_tokens:]
+        output = tokens[row.num_prompt_tokens:]
         if output and (p.frequency_penalty or p.presence_penalty):
             ids = values_on_device(output, torch.long, logits.device)
             # Counting by index_add: CUDA bincount reads the largest id back to the host.
@@ -139,7 +155,7 @@ def _uniforms(rows: list[SamplingRow], generator: torch.Generator | None, device
     u = 1.0 - torch.rand(len(rows), generator=generator, device=device, dtype=torch.float64)
     seeded = [j for j, row in enumerate(rows) if row.seed is not None]
     if seeded:
-        draws = [1.0 - seeded_uniform(rows[j].seed, len(rows[j].token_ids)) for j in seeded]
+        draws = [1.0 - seeded_uniform(rows[j].seed, rows[j].num_tokens) for j in seeded]
         u[values_on_device(seeded, torch.long, device)] = values_on_device(draws, torch.float64, device)
     return u
 

@@ -73,7 +73,7 @@ class SamplingExecutor:
         if penalised:
             tokens = self._last_output.result().sampled_tokens
             for row, prev in penalised:
-                plan.rows[row].token_ids[-1] = tokens[prev]
+                plan.rows[row].filled_token = tokens[prev]
 
     def _deliver(self, tokens: torch.Tensor, score_logits: list[torch.Tensor]) -> Future[ModelOutput]:
         if self._waiter is None:  # the forward and its sampling are done

@@ -143,7 +143,7 @@ class SimExecutor:
         tokens = []
         if plan is not None:
             for row, previous in plan.filled_from:
-                plan.rows[row].token_ids[-1] = self._last_tokens[previous]
+                plan.rows[row].filled_token = self._last_tokens[previous]
             tokens = [self.tokens.next_token(row) for row in plan.rows]
             self._last_tokens = tokens
         scores = self._score_logits(batch) if batch.score_rows else []

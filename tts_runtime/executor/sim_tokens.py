@@ -42,16 +42,16 @@ class ProfileTokens:
         self._unseeded = 0  # rows without a seed draw from a counter
 
     def next_token(self, row: SamplingRow) -> int:
-        k = len(row.token_ids) - row.num_prompt_tokens
+        k = row.num_tokens - row.num_prompt_tokens
         seed = row.seed
         if seed is None:
             self._unseeded += 1
             seed = self._unseeded
         seed ^= self.seed
-        position = len(row.token_ids)
+        position = row.num_tokens
         ends = mix_uniform(seed, position, 1) < (self._step_end[k] if k < len(self._step_end) else 1.0)
         if ends:
-            j = self.step_index(row.token_ids)
+            j = self.step_index(row.tokens())
             eos = self._eos[j] if j < len(self._eos) else 1.0
             return self.profile.eos_token_id if mix_uniform(seed, position, 2) < eos else self.profile.separator_token_id
         return self._ordinary[int(mix_uniform(seed, position, 3) * len(self._ordinary))]
@@ -87,4 +87,4 @@ class ReplayTokens:
 
     def next_token(self, row: SamplingRow) -> int:
         stream = self.streams[tuple(row.token_ids[: row.num_prompt_tokens])]
-        return stream[len(row.token_ids) - row.num_prompt_tokens]
+        return stream[row.num_tokens - row.num_prompt_tokens]

@@ -410,7 +410,7 @@ def test_the_wire_carries_every_message_and_refuses_anything_else():
                                                               TraceDump)
     from tts_runtime.executor.sampler import SamplingRow
 
-    plan = SamplePlan([0], [SamplingRow(SamplingParams(temperature=0.7, repetition_penalty=1.1), [1, 2, 3], 2, 7)])
+    plan = SamplePlan([0], [SamplingRow(SamplingParams(temperature=0.7, repetition_penalty=1.1), [1, 2, 3, 4], 2, 7, 3)])
     launch = wire.decode(wire.encode(Launch(3, "generator", _one_token_batch(), plan)))
     assert launch.microbatch == 3 and launch.model == "generator"
     assert torch.equal(launch.batch.meta.prefill_block_tables, _one_token_batch().meta.prefill_block_tables)
@@ -419,8 +419,8 @@ def test_the_wire_carries_every_message_and_refuses_anything_else():
     copying = wire.decode(wire.encode(Launch(4, "generator", replace(_one_token_batch(), block_copies=copies), plan)))
     assert torch.equal(copying.batch.block_copies, copies)
     row = launch.sample_plan.rows[0]
-    assert (row.token_ids, row.seed, row.params.temperature, row.params.greedy, row.params.uses_penalties) == \
-        ([1, 2, 3], 7, 0.7, False, True)
+    assert (row.token_ids, row.num_tokens, row.seed, row.params.temperature, row.params.greedy,
+            row.params.uses_penalties) == ([1, 2, 3], 3, 7, 0.7, False, True)
     logits = torch.randn(2, 5).to(torch.bfloat16)
     result = wire.decode(wire.encode(StageResult(1, ModelOutput(logits, [torch.randn(3, 2)], [4, 5]))))
     assert torch.equal(result.output.sample_logits, logits) and result.output.sampled_tokens == [4, 5]

@@ -85,7 +85,7 @@ def _plan(plan: SamplePlan | None) -> dict | None:
     if plan is None:
         return None
     return {"logit_rows": list(plan.logit_rows),
-            "rows": [[_params(r.params), list(r.token_ids), r.num_prompt_tokens, r.seed] for r in plan.rows]}
+            "rows": [[_params(r.params), r.tokens(), r.num_prompt_tokens, r.seed] for r in plan.rows]}
 
 
 def encode(message: object) -> list[Any]:
@@ -215,8 +215,9 @@ def _sample_plan(value: Any) -> SamplePlan | None:
         if not isinstance(row, list) or len(row) != 4:
             _bad("sample row")
         seed = None if row[3] is None else _expect(row[3], int, "seed")
-        rows.append(SamplingRow(_sampling_params(row[0]), _ints(row[1], "token ids"),
-                                _expect(row[2], int, "prompt tokens"), seed))
+        tokens = _ints(row[1], "token ids")
+        rows.append(SamplingRow(_sampling_params(row[0]), tokens, _expect(row[2], int, "prompt tokens"), seed,
+                                len(tokens)))
     return SamplePlan(_ints(plan["logit_rows"], "logit rows"), rows)
 
 
