@@ -20,7 +20,9 @@ reads it, as a GPU's sampled-token buffer is written by the kernel before the ne
 from __future__ import annotations
 
 import math
+import os
 import queue
+import select
 import threading
 from bisect import bisect_right
 import time
@@ -49,9 +51,6 @@ def sim_costs_for(device: str) -> SimCosts:
     return SimCosts.from_file(Path(device[len(SIM) + 1:])) if device.startswith(SIM + ":") else SimCosts()
 
 
-_TIME_UP = object()
-
-
 @dataclass
 class _Forward:
     finish_at: float
@@ -61,10 +60,17 @@ class _Forward:
 
 class SimDevice:
     """One stream: forwards finish in submission order, each `cost` after the later of its
-    submission and the previous finish."""
+    submission and the previous finish.
+
+    The device thread waits in `select` on a pipe that each submission writes a byte to, with
+    a relative timeout, not in a timed lock acquire: three benchmark runs stalled for minutes
+    with this thread inside `SimpleQueue.get(timeout=~30 us)` and a forward due (never
+    reproduced in isolation; see docs/benchmarks/host_lean_3.md)."""
 
     def __init__(self) -> None:
-        self._queue: queue.SimpleQueue[_Forward | None] = queue.SimpleQueue()
+        self._queue: queue.SimpleQueue[_Forward] = queue.SimpleQueue()
+        self._wake_read, self._wake_write = os.pipe()
+        os.set_blocking(self._wake_read, False)
         self._lock = threading.Lock()
         self._free_at = 0.0
         self.busy_seconds = 0.0  # the sum of the forwards' costs: the run's device-time ceiling
@@ -77,6 +83,7 @@ class SimDevice:
             self._free_at = max(time.perf_counter(), self._free_at) + cost
             self.busy_seconds += cost
             self._queue.put(_Forward(self._free_at, future, compute))
+        os.write(self._wake_write, b"\0")
         return future
 
     def _run(self) -> None:
@@ -90,13 +97,16 @@ class SimDevice:
         due: deque[tuple[_Forward, ModelOutput]] = deque()
         while True:
             timeout = max(0.0, due[0][0].finish_at - time.perf_counter()) if due else None
+            select.select([self._wake_read], [], [], timeout)
             try:
-                forward = self._queue.get(timeout=timeout)
-            except queue.Empty:  # the first due forward's finish time came
-                forward = _TIME_UP
-            if forward is None:
-                return
-            if forward is not _TIME_UP:
+                os.read(self._wake_read, 4096)
+            except BlockingIOError:  # woken by the timeout
+                pass
+            while True:  # after the pipe: a forward whose byte was drained is in the queue
+                try:
+                    forward = self._queue.get_nowait()
+                except queue.Empty:
+                    break
                 try:
                     due.append((forward, forward.compute()))
                 except BaseException as exc:  # the engine sees it from future.result()
