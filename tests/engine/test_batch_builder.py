@@ -8,6 +8,8 @@ from tts_runtime.engine.batch_builder import build_model_input
 from tts_runtime.engine.request import SamplingParams, ScoreParams
 from tts_runtime.engine.scheduler import ScheduledBatch
 from tts_runtime.engine.sequence import RequestGroup, Sequence
+from tts_runtime.executor.pipeline import wire
+from tts_runtime.executor.pipeline.stage_messages import Launch
 
 BLOCK = 4
 CPU = torch.device("cpu")
@@ -60,6 +62,16 @@ def test_a_batch_without_decodes_keeps_an_empty_decode_table():
     assert model_input.meta.decode_block_tables.shape == (0,)
     assert model_input.meta.slot_mapping.tolist() == [8, 9, 10]
     assert model_input.sample_rows.tolist() == [2]
+
+
+def test_a_decode_only_batch_crosses_the_pipeline_wire():
+    """Its empty prefill tensors come from numpy, whose empty results can have 0 strides:
+    the wire's byte view refuses those."""
+    decode = sequence(1, 6, [3, 7], computed=5)
+    model_input, _ = build_model_input(ScheduledBatch(decodes=[decode]), BLOCK, CPU)
+    sent = wire.decode(wire.encode(Launch(0, "generator", model_input, None))).batch
+    assert sent.positions.tolist() == [5] and sent.meta.slot_mapping.tolist() == [29]
+    assert sent.meta.prefill_block_tables.shape == (0,) and sent.meta.decode_block_tables.tolist() == [[3, 7]]
 
 
 def test_tables_follow_their_lists_from_step_to_step():

@@ -29,4 +29,7 @@ def values_on_device(values: Sequence | np.ndarray, dtype: torch.dtype, device: 
     6,000, a PRM batch's token ids)."""
     if not isinstance(values, np.ndarray):
         values = np.fromiter(values, dtype=_NUMPY_TYPES[dtype], count=len(values))
-    return to_device(torch.from_numpy(values).to(dtype), device)
+    host = torch.from_numpy(values).to(dtype)
+    if not host.numel():  # numpy's empty results may have 0 strides, which a byte view (the wire) refuses
+        host = torch.empty(host.shape, dtype=dtype)
+    return to_device(host, device)
