@@ -50,7 +50,7 @@ class SamplingRow:
     """What sampling one sequence's next token reads. Its tokens are the first `num_tokens`
     of `token_ids`, the sequence's own list and not a copy (copying it for every row of
     every step was ~6% of the host's time with async scheduling): the engine only appends to
-    it, after the row has been sampled. A decode going ahead (async scheduling) counts the
+    it (and takes back an EOS it just appended), past the row's tokens. A decode going ahead (async scheduling) counts the
     token its microbatch in flight samples, which the executor sets as `filled_token` before
     sampling; the list may or may not hold it yet."""
 
