@@ -21,7 +21,7 @@ from tts_runtime.config import CohostConfig, ConfigError, EngineConfig, Parallel
 from tts_runtime.executor.pipeline.pipeline import PipelineFailure
 from tts_runtime.runs.datasets import DatasetConfig, load_problems
 
-SEEDED = SearchConfig(n=4, beam_width=2, num_iterations=2, max_step_tokens=40, max_tokens=48, eos_sampling=False,
+SEEDED = SearchConfig(n=4, beam_width=2, num_iterations=2, max_step_tokens=24, max_tokens=32, eos_sampling=False,
                       problem_batch=2, temperature=0.8, seed=7)
 
 
