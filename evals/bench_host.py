@@ -14,6 +14,8 @@ driver (asyncio, search logic, score cache, results) and grading. Writes host.js
         --hide-driver both --rounds 3 --stem host_async
     python -m evals.bench_host --limits 20 --problem-batches 16 64 --overlap on --hide-driver on \
         --partial-blocks both --rounds 2 --stem host_partial_blocks
+    python -m evals.bench_host --limits 20 --problem-batches 16 64 --overlap on --hide-driver on \
+        --generator-low-water 0 4 --rounds 3 --stem host_low_water
 """
 
 from __future__ import annotations
@@ -72,6 +74,9 @@ class HostBench:
     async_scheduling: Sequence[bool] = (True,)  # the engine's default
     # Partial KV blocks kept for the requests that continue them (CacheConfig.reuse_partial_blocks).
     partial_blocks: Sequence[bool] = (True,)  # the engine's default
+    # The batched policy's switch to the PRM at this few unfinished generator sequences
+    # (CohostConfig.generator_low_water), one variant per value.
+    generator_low_water: Sequence[int] = (0,)  # the default
     rounds: int = 1
     dataset_path: str | None = None
     stem: str = "host"
@@ -113,9 +118,10 @@ def _timed_grading(timer: _Timed):
 
 def measure(bench: HostBench, models: tuple[LoadedModel, LoadedModel], problems: Sequence[Problem],
             problem_batch: int, hide_driver: bool, overlap: bool, async_scheduling: bool,
-            partial_blocks: bool) -> dict[str, Any]:
+            partial_blocks: bool, low_water: int) -> dict[str, Any]:
     """One run on a fresh runtime (a cold prefix cache, as in a real run)."""
-    cohost = CohostConfig(phase_policy=bench.phase_policy, hide_driver=hide_driver, overlap=overlap)
+    cohost = CohostConfig(phase_policy=bench.phase_policy, hide_driver=hide_driver, overlap=overlap,
+                          generator_low_water=low_water)
     engine_config = EngineConfig(device=bench.device, cohost=cohost,
                                  cache=CacheConfig(reuse_partial_blocks=partial_blocks),
                                  scheduler=SchedulerConfig(async_scheduling=async_scheduling))
@@ -156,7 +162,8 @@ def measure(bench: HostBench, models: tuple[LoadedModel, LoadedModel], problems:
     driver = wall - stepping.seconds - grading.seconds
     return {
         "problems": len(results), "problem_batch": problem_batch, "hide_driver": hide_driver, "overlap": overlap,
-        "async_scheduling": async_scheduling, "partial_blocks": partial_blocks, "seconds": wall,
+        "async_scheduling": async_scheduling, "partial_blocks": partial_blocks, "low_water": low_water,
+        "seconds": wall,
         "problems_per_min": 60 * len(results) / wall,
         "ceiling_problems_per_min": 60 * len(results) / ceiling if ceiling else 0.0,
         "device_seconds": ceiling, "device_busy_fraction": ceiling / wall,
@@ -175,7 +182,7 @@ def _row(m: dict[str, Any]) -> dict[str, Any]:
     return {
         "problems": m["problems"], "batch": m["problem_batch"], "hide driver": m["hide_driver"],
         "overlap": m["overlap"], "async": m["async_scheduling"], "partial blocks": m["partial_blocks"],
-        "problems/min": m["problems_per_min"],
+        "low water": m["low_water"], "problems/min": m["problems_per_min"],
         "ceiling/min": m["ceiling_problems_per_min"], "device busy": m["device_busy_fraction"],
         "gen busy": gen["busy_fraction"], "PRM busy": prm["busy_fraction"],
         "host share": host / wall,
@@ -189,7 +196,7 @@ def _row(m: dict[str, Any]) -> dict[str, Any]:
 def _phase_rows(m: dict[str, Any]) -> list[dict[str, Any]]:
     return [{"problems": m["problems"], "batch": m["problem_batch"], "hide driver": m["hide_driver"],
              "overlap": m["overlap"], "async": m["async_scheduling"], "partial blocks": m["partial_blocks"],
-             "engine": name,
+             "low water": m["low_water"], "engine": name,
              "steps": e["steps"],
              **{f"{p} ms": e[f"{p}_ms_per_step"] for p in PHASES}} for name, e in m["engines"].items()]
 
@@ -199,7 +206,7 @@ def _logged(log: Callable[[str], None], measure_one: Callable[[], dict]) -> Call
         m = measure_one()
         log(f"{m['problems']} problems, batch {m['problem_batch']}, hide_driver {m['hide_driver']}, "
             f"overlap {m['overlap']}, async_scheduling {m['async_scheduling']}, "
-            f"partial_blocks {m['partial_blocks']}: "
+            f"partial_blocks {m['partial_blocks']}, low_water {m['low_water']}: "
             f"{m['problems_per_min']:.1f} problems/min, ceiling {m['ceiling_problems_per_min']:.1f}, "
             f"device busy {m['device_busy_fraction']:.0%}")
         return m
@@ -215,10 +222,11 @@ def bench_host(bench: HostBench, command: str, log: Callable[[str], None] = prin
         problems = load_problems(DatasetConfig(dataset_path=bench.dataset_path, limit=limit))
         for batch in bench.problem_batches:
             side = SideBySide(f"{limit}x{batch}")
-            variants = {f"hide_driver={hide},overlap={overlap},async={ahead},partial_blocks={reuse}":
-                        _logged(log, partial(measure, bench, models, problems, batch, hide, overlap, ahead, reuse))
+            variants = {f"hide_driver={hide},overlap={overlap},async={ahead},partial_blocks={reuse},low_water={low}":
+                        _logged(log, partial(measure, bench, models, problems, batch, hide, overlap, ahead, reuse, low))
                         for hide in bench.hide_driver for overlap in bench.overlap
-                        for ahead in bench.async_scheduling for reuse in bench.partial_blocks}
+                        for ahead in bench.async_scheduling for reuse in bench.partial_blocks
+                        for low in bench.generator_low_water}
             side.run(variants, bench.rounds)
             measured += [m for runs in side.runs.values() for m in runs]
             medians.append({"problems": limit, "problem_batch": batch,
@@ -270,6 +278,8 @@ def main(argv: Sequence[str] | None = None) -> None:
                         help="both: off and on side by side, alternating")
     parser.add_argument("--partial-blocks", choices=("off", "on", "both"), default="on",
                         help="both: off and on side by side, alternating")
+    parser.add_argument("--generator-low-water", type=int, nargs="+", default=[0],
+                        help="batched policy: one variant per value, side by side")
     parser.add_argument("--rounds", type=int, default=1, help="alternating rounds; medians")
     parser.add_argument("--dataset-path", default=None)
     parser.add_argument("--stem", default="host", help="docs/benchmarks/<stem>.json/md")
@@ -280,7 +290,7 @@ def main(argv: Sequence[str] | None = None) -> None:
                       overlap=switch[args.overlap],
                       async_scheduling=switch[args.async_scheduling],
                       partial_blocks=switch[args.partial_blocks],
-                      dataset_path=args.dataset_path, stem=args.stem)
+                      generator_low_water=args.generator_low_water, dataset_path=args.dataset_path, stem=args.stem)
     bench_host(bench, shlex.join(["python", "-m", "evals.bench_host", *(argv or sys.argv[1:])]))
 
 
