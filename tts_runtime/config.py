@@ -204,8 +204,12 @@ class CohostConfig:
                                "step) or batched (Seesaw: long generator and PRM phases).", panel="Co-hosting")
     prm_buffer_tokens: int = option(2048, "batched: switch to the PRM once this many uncached tokens wait for it.",
                                     panel="Co-hosting")
-    generator_low_water: int = option(0, "batched: switch to the PRM once the generator has this few unfinished "
-                                      "sequences.", panel="Co-hosting")
+    # 4, not 0 (waiting for the generator to run dry): the PRM's forward then runs while the
+    # generator's last few sequences finish, and those join the next step's requests in shared
+    # forwards instead of decoding alone; 4% fewer device seconds, 1.01-1.09x problems/min on the
+    # simulated H100 (docs/benchmarks/host_low_water.md).
+    generator_low_water: int = option(4, "batched: switch to the PRM once the generator has this few unfinished "
+                                      "sequences (0: once it runs dry).", panel="Co-hosting")
     generator_buffer_seqs: int = option(256, "batched: back to the generator once this many sequences wait for "
                                         "it.", panel="Co-hosting")
     overlap: bool = option(False, "Run the generator's and the PRM's forwards at the same time (a worker process "

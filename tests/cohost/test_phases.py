@@ -70,11 +70,15 @@ CASES = {
     # every step: the generator, then the PRM, while each has work
     "alternate": (dict(), lambda g, p: "".join(("G" if i < g else "") + ("P" if i < p else "")
                                                for i in range(max(g, p)))),
-    # the generator runs dry before the PRM's 2048-token buffer fills: all of it, then the PRM
-    "batched": (dict(phase_policy="batched"), lambda g, p: "G" * g + "P" * p),
+    # with no low water, the generator runs dry before the PRM's 2048-token buffer fills: all
+    # of it, then the PRM
+    "batched, generator runs dry": (dict(phase_policy="batched", generator_low_water=0),
+                                    lambda g, p: "G" * g + "P" * p),
     # the PRM's buffer (1 token) is full from the start: the PRM drains first
     "prm buffer full": (dict(phase_policy="batched", prm_buffer_tokens=1), lambda g, p: "P" * p + "G" * g),
-    # two unfinished generator sequences are at the low-water mark: the PRM first
+    # two unfinished generator sequences are under the default low-water mark (4): the PRM first
+    "batched": (dict(phase_policy="batched"), lambda g, p: "P" * p + "G" * g),
+    # ... and at a low-water mark of 2
     "generator at low water": (dict(phase_policy="batched", generator_low_water=2),
                                lambda g, p: "P" * p + "G" * g),
     # both buffers full at every step: the phase flips each step until the PRM is drained
