@@ -76,7 +76,7 @@ class HostBench:
     partial_blocks: Sequence[bool] = (True,)  # the engine's default
     # The batched policy's switch to the PRM at this few unfinished generator sequences
     # (CohostConfig.generator_low_water), one variant per value.
-    generator_low_water: Sequence[int] = (0,)  # the default
+    generator_low_water: Sequence[int] = (CohostConfig().generator_low_water,)  # the default
     rounds: int = 1
     dataset_path: str | None = None
     stem: str = "host"
@@ -278,7 +278,7 @@ def main(argv: Sequence[str] | None = None) -> None:
                         help="both: off and on side by side, alternating")
     parser.add_argument("--partial-blocks", choices=("off", "on", "both"), default="on",
                         help="both: off and on side by side, alternating")
-    parser.add_argument("--generator-low-water", type=int, nargs="+", default=[0],
+    parser.add_argument("--generator-low-water", type=int, nargs="+", default=list(HostBench.generator_low_water),
                         help="batched policy: one variant per value, side by side")
     parser.add_argument("--rounds", type=int, default=1, help="alternating rounds; medians")
     parser.add_argument("--dataset-path", default=None)
