@@ -16,11 +16,14 @@ driver (asyncio, search logic, score cache, results) and grading. Writes host.js
         --partial-blocks both --rounds 2 --stem host_partial_blocks
     python -m evals.bench_host --limits 20 --problem-batches 16 64 --overlap on --hide-driver on \
         --generator-low-water 0 4 --rounds 3 --stem host_low_water
+    python -m evals.bench_host --limits 20 --problem-batches 16 64 --overlap on --hide-driver on \
+        --freeze-heap both --rounds 3 --stem host_gc_freeze
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import shlex
 import sys
 import time
@@ -80,6 +83,8 @@ class HostBench:
     # The batched policy's switch to the PRM at this few unfinished generator sequences
     # (CohostConfig.generator_low_water), one variant per value.
     generator_low_water: Sequence[int] = (CohostConfig().generator_low_water,)  # the default
+    # The heap frozen while the search runs (CohostConfig.freeze_heap) off and/or on.
+    freeze_heap: Sequence[bool] = (CohostConfig().freeze_heap,)  # the default
     rounds: int = 1
     dataset_path: str | None = None
     stem: str = "host"
@@ -101,6 +106,34 @@ class _Timed:
                 self.seconds += time.perf_counter() - start
                 self.calls += 1
         return timed
+
+
+class _GcPauses:
+    """Python's garbage collections during a run: count, seconds, longest pause, by generation."""
+
+    def __init__(self) -> None:
+        self.pauses: list[tuple[int, float]] = []
+        self._started = 0.0
+
+    def __call__(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self._started = time.perf_counter()
+        else:
+            self.pauses.append((info["generation"], time.perf_counter() - self._started))
+
+    def summary(self) -> dict[str, Any]:
+        full = [seconds for generation, seconds in self.pauses if generation == 2]
+        return {"gc_collections": len(self.pauses), "gc_seconds": sum(seconds for _, seconds in self.pauses),
+                "gc_full_collections": len(full), "gc_longest_pause_s": max((s for _, s in self.pauses), default=0.0)}
+
+
+@contextmanager
+def _gc_pauses(pauses: _GcPauses):
+    gc.callbacks.append(pauses)
+    try:
+        yield
+    finally:
+        gc.callbacks.remove(pauses)
 
 
 @contextmanager
@@ -131,17 +164,17 @@ def _warm_grader(problems: Sequence[Problem]) -> None:
 
 def measure(bench: HostBench, models: tuple[LoadedModel, LoadedModel], problems: Sequence[Problem],
             problem_batch: int, hide_driver: bool, overlap: bool, async_scheduling: bool,
-            partial_blocks: bool, low_water: int) -> dict[str, Any]:
+            partial_blocks: bool, low_water: int, freeze_heap: bool) -> dict[str, Any]:
     """One run on a fresh runtime (a cold prefix cache, as in a real run)."""
     cohost = CohostConfig(phase_policy=bench.phase_policy, hide_driver=hide_driver, overlap=overlap,
-                          generator_low_water=low_water)
+                          generator_low_water=low_water, freeze_heap=freeze_heap)
     engine_config = EngineConfig(device=bench.device, cohost=cohost,
                                  cache=CacheConfig(reuse_partial_blocks=partial_blocks),
                                  scheduler=SchedulerConfig(async_scheduling=async_scheduling))
     runtime = Runtime(*models, memory=bench.memory, engine_config=engine_config)
     config = SearchConfig(**{**bench.config.to_dict(), "problem_batch": problem_batch})
     device = shared_device(bench.device)
-    stepping, grading = _Timed(), _Timed()
+    stepping, grading, pauses = _Timed(), _Timed(), _GcPauses()
     # The parts of a runtime step (hide_driver calls them apart, `step` calls them all).
     runtime.choose_step = stepping.wrap(runtime.choose_step)
     runtime.begin_step = stepping.wrap(runtime.begin_step)
@@ -151,7 +184,7 @@ def measure(bench: HostBench, models: tuple[LoadedModel, LoadedModel], problems:
               for name, engine in runtime.engines.items()}
     device_before = device.busy_seconds
     try:
-        with _timed_grading(grading):
+        with _timed_grading(grading), _gc_pauses(pauses):
             start = time.perf_counter()
             results = run_search(runtime, problems, config)
             wall = time.perf_counter() - start
@@ -176,7 +209,7 @@ def measure(bench: HostBench, models: tuple[LoadedModel, LoadedModel], problems:
     return {
         "problems": len(results), "problem_batch": problem_batch, "hide_driver": hide_driver, "overlap": overlap,
         "async_scheduling": async_scheduling, "partial_blocks": partial_blocks, "low_water": low_water,
-        "seconds": wall,
+        "freeze_heap": freeze_heap, "seconds": wall,
         "problems_per_min": 60 * len(results) / wall,
         "ceiling_problems_per_min": 60 * len(results) / ceiling if ceiling else 0.0,
         "device_seconds": ceiling, "device_busy_fraction": ceiling / wall,
@@ -184,6 +217,7 @@ def measure(bench: HostBench, models: tuple[LoadedModel, LoadedModel], problems:
         "runtime_other_seconds": stepping.seconds - in_engines,
         "search_driver_seconds": driver, "grading_seconds": grading.seconds,
         "engines": engines,
+        **pauses.summary(),
     }
 
 
@@ -195,7 +229,7 @@ def _row(m: dict[str, Any]) -> dict[str, Any]:
     return {
         "problems": m["problems"], "batch": m["problem_batch"], "hide driver": m["hide_driver"],
         "overlap": m["overlap"], "async": m["async_scheduling"], "partial blocks": m["partial_blocks"],
-        "low water": m["low_water"], "problems/min": m["problems_per_min"],
+        "low water": m["low_water"], "freeze heap": m["freeze_heap"], "problems/min": m["problems_per_min"],
         "ceiling/min": m["ceiling_problems_per_min"], "device busy": m["device_busy_fraction"],
         "gen busy": gen["busy_fraction"], "PRM busy": prm["busy_fraction"],
         "host share": host / wall,
@@ -203,13 +237,14 @@ def _row(m: dict[str, Any]) -> dict[str, Any]:
         "PRM host ms/step": (prm["host_seconds"]) * 1e3 / max(prm["steps"], 1),
         "driver s": m["search_driver_seconds"], "grading s": m["grading_seconds"],
         "runtime s": m["runtime_other_seconds"],
+        "gc s": m["gc_seconds"], "longest gc ms": 1e3 * m["gc_longest_pause_s"],
     }
 
 
 def _phase_rows(m: dict[str, Any]) -> list[dict[str, Any]]:
     return [{"problems": m["problems"], "batch": m["problem_batch"], "hide driver": m["hide_driver"],
              "overlap": m["overlap"], "async": m["async_scheduling"], "partial blocks": m["partial_blocks"],
-             "low water": m["low_water"], "engine": name,
+             "low water": m["low_water"], "freeze heap": m["freeze_heap"], "engine": name,
              "steps": e["steps"],
              **{f"{p} ms": e[f"{p}_ms_per_step"] for p in PHASES}} for name, e in m["engines"].items()]
 
@@ -219,7 +254,7 @@ def _logged(log: Callable[[str], None], measure_one: Callable[[], dict]) -> Call
         m = measure_one()
         log(f"{m['problems']} problems, batch {m['problem_batch']}, hide_driver {m['hide_driver']}, "
             f"overlap {m['overlap']}, async_scheduling {m['async_scheduling']}, "
-            f"partial_blocks {m['partial_blocks']}, low_water {m['low_water']}: "
+            f"partial_blocks {m['partial_blocks']}, low_water {m['low_water']}, freeze_heap {m['freeze_heap']}: "
             f"{m['problems_per_min']:.1f} problems/min, ceiling {m['ceiling_problems_per_min']:.1f}, "
             f"device busy {m['device_busy_fraction']:.0%}")
         return m
@@ -236,11 +271,13 @@ def bench_host(bench: HostBench, command: str, log: Callable[[str], None] = prin
         _warm_grader(problems)
         for batch in bench.problem_batches:
             side = SideBySide(f"{limit}x{batch}")
-            variants = {f"hide_driver={hide},overlap={overlap},async={ahead},partial_blocks={reuse},low_water={low}":
-                        _logged(log, partial(measure, bench, models, problems, batch, hide, overlap, ahead, reuse, low))
+            variants = {f"hide_driver={hide},overlap={overlap},async={ahead},partial_blocks={reuse},low_water={low},"
+                        f"freeze_heap={freeze}":
+                        _logged(log, partial(measure, bench, models, problems, batch, hide, overlap, ahead, reuse, low,
+                                             freeze))
                         for hide in bench.hide_driver for overlap in bench.overlap
                         for ahead in bench.async_scheduling for reuse in bench.partial_blocks
-                        for low in bench.generator_low_water}
+                        for low in bench.generator_low_water for freeze in bench.freeze_heap}
             side.run(variants, bench.rounds)
             measured += [m for runs in side.runs.values() for m in runs]
             medians.append({"problems": limit, "problem_batch": batch,
@@ -259,6 +296,7 @@ def bench_host(bench: HostBench, command: str, log: Callable[[str], None] = prin
         "timelines).",
         "The host is this shared 2-core CPU, slower than an H100 server's host: host shares here are "
         "upper bounds for that machine.",
+        "gc = Python's garbage collections during the run (all generations; longest: the longest pause).",
     ]
     summary = {"device": bench.device, "search": bench.config.to_dict(), "median_problems_per_min": medians,
                "runs": measured}
@@ -294,6 +332,8 @@ def main(argv: Sequence[str] | None = None) -> None:
                         help="both: off and on side by side, alternating")
     parser.add_argument("--generator-low-water", type=int, nargs="+", default=list(HostBench.generator_low_water),
                         help="batched policy: one variant per value, side by side")
+    parser.add_argument("--freeze-heap", choices=("off", "on", "both"), default="on",
+                        help="both: off and on side by side, alternating")
     parser.add_argument("--rounds", type=int, default=1, help="alternating rounds; medians")
     parser.add_argument("--dataset-path", default=None)
     parser.add_argument("--stem", default="host", help="docs/benchmarks/<stem>.json/md")
@@ -304,7 +344,8 @@ def main(argv: Sequence[str] | None = None) -> None:
                       overlap=switch[args.overlap],
                       async_scheduling=switch[args.async_scheduling],
                       partial_blocks=switch[args.partial_blocks],
-                      generator_low_water=args.generator_low_water, dataset_path=args.dataset_path, stem=args.stem)
+                      generator_low_water=args.generator_low_water, freeze_heap=switch[args.freeze_heap],
+                      dataset_path=args.dataset_path, stem=args.stem)
     bench_host(bench, shlex.join(["python", "-m", "evals.bench_host", *(argv or sys.argv[1:])]))
 
 

@@ -220,6 +220,10 @@ class CohostConfig:
     # requests join the step after (docs/benchmarks/host.md).
     hide_driver: bool = option(False, "Launch each step's forwards before the search logic of the last step runs, "
                                "hiding it behind the device.", panel="Co-hosting")
+    # A full garbage collection walked every object of the models, tokenizers and engines:
+    # pauses of up to 270 ms with the device idle (cohost/gc_freeze.py).
+    freeze_heap: bool = option(True, "Freeze the heap while the search runs (gc.freeze): Python's full garbage "
+                               "collections skip the objects alive at its start.", panel="Co-hosting")
 
     def __post_init__(self) -> None:
         if self.phase_policy not in PHASE_POLICIES:

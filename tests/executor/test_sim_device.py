@@ -150,6 +150,31 @@ def test_hidden_driver_runs_the_search_to_the_end(generator_model, prm_model, ma
     assert all(r.beams for r in results)
 
 
+def test_the_heap_is_frozen_while_the_search_runs_and_only_then(generator_model, prm_model, math500_path):
+    import gc
+
+    from memory.split import MemoryConfig
+    from search.config import SearchConfig
+    from search.driver import run_search
+    from tts_runtime.cohost.runtime import Runtime
+    from tts_runtime.config import CohostConfig
+    from tts_runtime.runs.datasets import DatasetConfig, load_problems
+
+    problems = load_problems(DatasetConfig(dataset_path=str(math500_path), limit=2))
+    for freeze in (True, False):
+        config = EngineConfig(device="sim", cohost=CohostConfig(freeze_heap=freeze))
+        runtime = Runtime(generator_model, prm_model, memory=MemoryConfig(device_memory=4 << 30), engine_config=config)
+        frozen_at_results = []
+        try:
+            run_search(runtime, problems, SearchConfig(num_iterations=2, problem_batch=2),
+                       on_result=lambda result: frozen_at_results.append(gc.get_freeze_count()))
+        finally:
+            runtime.shutdown()
+        assert len(frozen_at_results) == 2
+        assert all(count > 0 for count in frozen_at_results) if freeze else frozen_at_results == [0, 0]
+        assert gc.get_freeze_count() == 0
+
+
 def test_overlap_queues_both_engines_on_the_one_device_and_searches_the_same(generator_model, prm_model,
                                                                                math500_path):
     """Under --overlap the generator's next microbatches queue behind the PRM's forward on the

@@ -31,6 +31,7 @@ from memory.thrash import ThrashTracker
 from tts_runtime.cohost.stats import CohostCounters, EngineCounters
 from tts_runtime.config import (CacheConfig, CohostConfig, ConfigError, EngineConfig, ModelSpec, ParallelConfig, resolve_device,
                                 resolve_dtype, resolve_phase_policy)
+from tts_runtime.cohost.gc_freeze import frozen_heap
 from tts_runtime.cohost.overlap import OverlapStepper, StreamExecutor, worker_group, worker_threads
 from tts_runtime.cohost.phases import GENERATOR, PRM, PhaseScheduler
 from tts_runtime.cohost.vllm_engine import VllmEngine, require_vllm
@@ -389,6 +390,10 @@ class Runtime:
 
     async def drive(self, until: asyncio.Future | asyncio.Task) -> None:
         """Step the engines whenever every coroutine is waiting on them, until `until` is done."""
+        with frozen_heap(self.cohost.freeze_heap):
+            await self._drive(until)
+
+    async def _drive(self, until: asyncio.Future | asyncio.Task) -> None:
         while not until.done():
             if self.cohost.hide_driver and self.busy:
                 chosen = self.choose_step()
