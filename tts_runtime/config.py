@@ -221,7 +221,7 @@ class CohostConfig:
     hide_driver: bool = option(False, "Launch each step's forwards before the search logic of the last step runs, "
                                "hiding it behind the device.", panel="Co-hosting")
     # A full garbage collection walked every object of the models, tokenizers and engines:
-    # pauses of up to 270 ms with the device idle (cohost/gc_freeze.py).
+    # pauses of 0.25-0.6 s with the device idle (cohost/gc_freeze.py).
     freeze_heap: bool = option(True, "Freeze the heap while the search runs (gc.freeze): Python's full garbage "
                                "collections skip the objects alive at its start.", panel="Co-hosting")
 

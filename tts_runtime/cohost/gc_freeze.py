@@ -2,8 +2,8 @@
 
 A full (generation 2) collection walks every tracked object: the models' modules, the
 tokenizers, the engines' sequences and block tables, sympy and transformers' module state.
-On the main job that is a stop-the-world pause of up to 270 ms with the device left idle, and
-it finds nothing to free there (docs/benchmarks/host_gc_freeze.md). `gc.freeze()` moves every
+On the main job that is a stop-the-world pause of 0.25-0.6 s with the device left idle,
+spent mostly on objects that live all run (docs/benchmarks/host_gc_freeze.md). `gc.freeze()` moves every
 object alive at the search's start to a permanent generation that collections skip; objects
 made during the search are collected as before. The heap is thawed when the search ends, so
 a runtime dropped later (sweeps and benchmarks build many) is still collected.
