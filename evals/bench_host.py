@@ -109,7 +109,8 @@ class _Timed:
 
 
 class _GcPauses:
-    """Python's garbage collections during a run: count, seconds, longest pause, by generation."""
+    """Python's garbage collections during a run: count, seconds, longest pause, and how many
+    were full (generation 2) collections."""
 
     def __init__(self) -> None:
         self.pauses: list[tuple[int, float]] = []
