@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field, replace
 
 import torch
@@ -346,6 +347,10 @@ def resolve_device(device: str) -> torch.device:
     if device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if device == "sim" or device.startswith("sim:"):  # a simulated device: the host side is the CPU's
+        costs = device[len("sim:"):]
+        if device.startswith("sim:") and not os.path.isfile(costs):
+            raise ConfigError(f"--device {device}: no such cost file '{costs}'; pass sim for the H100 defaults or "
+                              "sim:FILE with a fit written by `tts bench cohost` on a real device")
         return torch.device("cpu")
     try:
         dev = torch.device(device)

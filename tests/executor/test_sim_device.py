@@ -4,14 +4,16 @@ follow the recorded profile, a forward takes its modelled time, and a search run
 from __future__ import annotations
 
 import json
+import re
 import time
 from dataclasses import replace
 
 import pytest
+import torch
 from typer.testing import CliRunner
 
 from tts_runtime.cli import app
-from tts_runtime.config import CacheConfig, EngineConfig, SchedulerConfig
+from tts_runtime.config import CacheConfig, ConfigError, EngineConfig, SchedulerConfig, resolve_device
 from tts_runtime.engine.engine import Engine
 from tts_runtime.engine.request import SamplingParams
 from tts_runtime.executor.batch import ModelInput
@@ -109,8 +111,6 @@ def test_a_forward_takes_its_modelled_time():
 
 
 def _decode_free_batch() -> ModelInput:
-    import torch
-
     from tts_runtime.executor.batch import AttentionMetadata
 
     empty = torch.zeros(0, dtype=torch.int32)
@@ -225,10 +225,30 @@ def test_sim_file_reads_a_bench_fit(tmp_path):
     assert costs.generator == SimCost(0.002, 1e-5, 0.0) and costs.prm == SimCost(0.01, 0.0, 2e-6)
 
 
+@pytest.mark.parametrize("text, fragment", [
+    ("[]", "needs 'generator' and 'prm' fits"),
+    ('{"generator": {"fixed_seconds": 0.1}}', "needs 'generator' and 'prm' fits"),
+    ('{"generator": {"fixed_seconds": "x"}, "prm": {}}', "could not convert string to float"),
+    ("{not json", "Expecting property name"),
+])
+def test_a_bad_sim_file_is_a_config_error_naming_it(tmp_path, text, fragment):
+    from tts_runtime.executor.sim import sim_costs_for
+
+    path = tmp_path / "fit.json"
+    path.write_text(text)
+    with pytest.raises(ConfigError, match=f"--device sim:{re.escape(str(path))}: cannot read the cost file") as err:
+        sim_costs_for(f"sim:{path}")
+    assert fragment in str(err.value)
+
+
+def test_a_missing_sim_file_is_refused_before_anything_loads(tmp_path):
+    with pytest.raises(ConfigError, match="no such cost file"):
+        resolve_device(f"sim:{tmp_path / 'none.json'}")
+    assert resolve_device("sim") == torch.device("cpu")
+
+
 def test_a_forwards_cost_adds_every_term_of_its_batch():
     """Two decodes at contexts 10 and 20 beside a 5-token prefill chunk ending at 12."""
-    import torch
-
     from tts_runtime.executor.batch import AttentionMetadata
 
     tables = torch.zeros(2, 2, dtype=torch.int32)

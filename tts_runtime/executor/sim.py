@@ -34,6 +34,7 @@ from pathlib import Path
 
 import torch
 
+from tts_runtime.config import ConfigError
 from tts_runtime.executor.batch import ModelInput, ModelOutput, SamplePlan
 from tts_runtime.executor.sim_costs import SimCosts
 from tts_runtime.executor.sim_profile import load_profile
@@ -48,7 +49,14 @@ def is_sim_device(device: str) -> bool:
 
 def sim_costs_for(device: str) -> SimCosts:
     """`sim`: the H100 defaults; `sim:FILE`: the fits in FILE."""
-    return SimCosts.from_file(Path(device[len(SIM) + 1:])) if device.startswith(SIM + ":") else SimCosts()
+    if not device.startswith(SIM + ":"):
+        return SimCosts()
+    path = Path(device[len(SIM) + 1:])
+    try:
+        return SimCosts.from_file(path)
+    except (OSError, ValueError, TypeError) as err:
+        raise ConfigError(f"--device {device}: cannot read the cost file ({err}); write it with "
+                          "`tts bench cohost` on a real device, or pass sim for the H100 defaults") from None
 
 
 @dataclass

@@ -66,7 +66,9 @@ class SimCosts:
         """A fit JSON: {"generator": {...}, "prm": {...}}, or a report holding one under
         summary.alternate_forward_costs (what `tts bench cohost` writes on a real device)."""
         data = json.loads(Path(path).read_text())
-        data = data.get("summary", {}).get("alternate_forward_costs", data)
-        if "generator" not in data or "prm" not in data:
+        summary = data.get("summary") if isinstance(data, dict) else None
+        if isinstance(summary, dict) and "alternate_forward_costs" in summary:
+            data = summary["alternate_forward_costs"]
+        if not (isinstance(data, dict) and isinstance(data.get("generator"), dict) and isinstance(data.get("prm"), dict)):
             raise ValueError(f"{path}: a sim cost file needs 'generator' and 'prm' fits")
         return cls(SimCost.of(data["generator"]), SimCost.of(data["prm"]))
