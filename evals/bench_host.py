@@ -264,11 +264,13 @@ def _logged(log: Callable[[str], None], measure_one: Callable[[], dict]) -> Call
 
 def bench_host(bench: HostBench, command: str, log: Callable[[str], None] = print) -> dict:
     device = resolve_device(bench.device)
+    # Every selection before the models load: a bad --limits is one line, not a minute in.
+    selections = {limit: load_problems(DatasetConfig(dataset_path=bench.dataset_path, limit=limit))
+                  for limit in bench.limits}
     log(f"loading {bench.generator} + {bench.prm} ...")
     models = tuple(load_model(name, resolve_dtype("auto", device), device) for name in (bench.generator, bench.prm))
     measured, medians = [], []
-    for limit in bench.limits:
-        problems = load_problems(DatasetConfig(dataset_path=bench.dataset_path, limit=limit))
+    for limit, problems in selections.items():
         _warm_grader(problems)
         for batch in bench.problem_batches:
             side = SideBySide(f"{limit}x{batch}")

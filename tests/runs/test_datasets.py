@@ -1,5 +1,6 @@
 import json
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -97,6 +98,13 @@ def test_jsonl_invalid_json(tmp_path: Path) -> None:
         load_problems(DatasetConfig(dataset=str(path)))
 
 
+def test_an_empty_file_says_it_holds_no_problems(tmp_path: Path) -> None:
+    path = tmp_path / "empty.jsonl"
+    path.write_text("\n")
+    with pytest.raises(DatasetError, match=f"the dataset {re.escape(str(path))} holds no problems"):
+        load_problems(DatasetConfig(dataset=str(path)))
+
+
 def test_unknown_dataset_lists_known_names() -> None:
     with pytest.raises(DatasetError, match="math500") as info:
         load_problems(DatasetConfig(dataset="gsm8k-nope"))
@@ -159,6 +167,8 @@ def test_start_end_slice_before_the_filters(data_env: None) -> None:
     outside = all_problems[0].id
     with pytest.raises(DatasetError, match="--ids entries that match no problem"):
         load_problems(DatasetConfig(dataset_start=10, dataset_end=20, ids=(outside,)))
+    with pytest.raises(DatasetError, match=r"--dataset-start/--dataset-end select none of the dataset's 500 problems"):
+        load_problems(DatasetConfig(dataset_start=600))
 
 
 def test_column_names(tmp_path: Path) -> None:

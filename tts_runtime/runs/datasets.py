@@ -97,6 +97,12 @@ def load_problems(config: DatasetConfig) -> list[Problem]:
             f"unknown dataset '{config.dataset}': not a JSONL file, not a Hugging Face Hub id (org/name) "
             f"and not one of {', '.join(KNOWN_DATASETS)}"
         )
+    if not problems:
+        source = config.dataset_path if config.dataset == "math500" and config.dataset_path else config.dataset
+        raise DatasetError(f"the dataset {source} holds no problems; check the file or split")
+    if not problems[config.dataset_start:config.dataset_end]:
+        raise DatasetError(f"--dataset-start/--dataset-end select none of the dataset's {len(problems)} problems "
+                           f"(rows 0 to {len(problems) - 1})")
     problems = problems[config.dataset_start:config.dataset_end]
     return _filter(problems, limit=config.limit, levels=config.levels, ids=config.ids)
 
