@@ -120,7 +120,7 @@ def test_resume_keeps_the_first_config_and_logs_every_session(tmp_path):
     assert [entry["event"] for entry in history] == ["start", "resume"]
     assert history[1]["config"] == grown
     with RunFolder.open(tmp_path / "run", resume=True) as folder, \
-            pytest.raises(ConfigError, match="its search differ"):
+            pytest.raises(ConfigError, match=r"its settings differ from this command.s \(search.n: 4 -> 8\)"):
         folder.write_config({**CONFIG, "search": {"n": 8, "problem_batch": 16}})
 
 
@@ -461,6 +461,7 @@ def test_resume_compares_the_dataset_and_models_by_content_before_loading(tmp_pa
     with RunFolder.open(tmp_path / "run", resume=True) as folder:  # same content, a bigger --limit: fine
         folder.write_config(run_record(with_options(run, {"limit": 5}), ["tts", "beam", "--resume"]))
     data.write_text("\n".join([rows[0].replace('"answer": "', '"answer": "9'), *rows[1:]]) + "\n", encoding="utf-8")
-    with pytest.raises(ConfigError, match="its fingerprints differ"):  # same name, other content
+    # The same name, other content.
+    with pytest.raises(ConfigError, match=r"\(fingerprints.dataset: the file's content is not what the run started with\)"):
         with RunFolder.open(tmp_path / "run", resume=True) as folder:
             folder.write_config(run_record(run, ["tts", "beam", "--resume"]))

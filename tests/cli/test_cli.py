@@ -57,8 +57,10 @@ def _one_line_error(result, fragment: str) -> None:
     (["bench", "engine", "--dtypes", "fp8", "--workload", "nope"], "unknown dtype 'fp8'"),
     (["bench", "cohost", "--variants", "alternate,nope"], "--variants takes a comma-separated list"),
     (["bench", "host", "--limits", "x"], "--limits takes a comma-separated list"),
+    (["bench", "host", "--limits", "20,0"], "--limit must be >= 1, got 0"),
     (["beam", "--levels", ","], "--levels is empty"),
     (["beam", "--device-memory", "lots"], "cannot read memory size 'lots'"),
+    (["beam", "--device", "sim:/no/such/fit.json"], "no such cost file '/no/such/fit.json'"),
     (["beam", "--limit", "1", "--resume"], "--resume needs --out"),
     (["beam", "--limit", "1", "--linear-backend", "mkl"], "unknown --linear-backend 'mkl'"),
     (["beam", "--limit", "1", "--dtype", "int8"], "unknown dtype 'int8'"),
@@ -133,7 +135,7 @@ def test_run_folder_refuses_to_mix_runs(tmp_path):
     folder.release()
     with pytest.raises(ConfigError, match="already holds a run"):
         RunFolder.open(tmp_path / "run", resume=False)
-    with pytest.raises(ConfigError, match="its search differ"):
+    with pytest.raises(ConfigError, match=r"its settings differ from this command.s \(search.n: 4 -> 8\)"):
         RunFolder.open(tmp_path / "run", resume=True).write_config({"method": "beam", "search": {"n": 8}})
 
 
@@ -261,7 +263,9 @@ def test_resume_after_the_run_is_killed(tmp_path, math500_path):
     assert len(landed) == 1, "the run is killed after its first problem and before its second"
     finished_before = (out / RESULTS_FILE).read_text()
 
-    again = subprocess.run(command + ["--resume"], capture_output=True, text=True, timeout=900)
+    # `--resume --out` alone continues with the options the run was started with.
+    again = subprocess.run([sys.executable, "-m", "tts_runtime.cli", "beam", "--resume", "--out", str(out)],
+                           capture_output=True, text=True, timeout=900)
     assert again.returncode == 0, again.stderr[-3000:]
     rows = _lines(out)
     assert len(rows) == 2 and len({row["id"] for row in rows}) == 2

@@ -147,7 +147,9 @@ def test_tts_beam_runs_a_config_file_and_its_run_folder_reruns_from_config_json(
     changed = subprocess.run([*base, "--config", str(recipe), "--seed", "8", "--out", str(first), "--resume"],
                              capture_output=True, text=True, timeout=300)
     assert changed.returncode == 2 and "loading" not in changed.stderr
-    assert changed.stderr.strip().splitlines()[-1].startswith(f"error: cannot resume {first}: its search")
+    refusal = changed.stderr.strip().splitlines()[-1]
+    assert refusal.startswith(f"error: cannot resume {first}: its settings differ from this command's")
+    assert "search.seed: 7 -> 8" in refusal and "resolved.seed: 7 -> 8" in refusal
 
 
 RECIPES = sorted(REPO_ROOT.glob("recipes/*/*.yaml"))

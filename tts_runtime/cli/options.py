@@ -10,6 +10,7 @@ the command line. The RunConfig is validated before fn runs.
 from __future__ import annotations
 
 import inspect
+import json
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Annotated, Any, Optional
@@ -21,6 +22,7 @@ from tts_runtime.config import ConfigError
 from tts_runtime.options import OptionField, coerce, option_fields, option_values, with_options
 from tts_runtime.runs.config_file import read_config_file
 from tts_runtime.runs.run_config import RunConfig
+from tts_runtime.runs.run_folder import CONFIG_FILE
 
 # Panels in --help, after the common options (those without a panel).
 PANELS = ("Search details", "search-and-learn", "Dataset", "Models", "Memory", "Engine", "Scheduler", "Co-hosting", "Kernels",
@@ -57,6 +59,7 @@ def config_command(parent: typer.Typer, name: str, *, only: Iterable[str] | None
             settings = tuple({spec.path[-1]: coerce(spec, values.pop(flag)) for flag, spec in fields.items()}
                              for fields in planned)
             given = {flag: value for flag, value in values.items() if _given(ctx, flag)}
+            config = config if config is not None else _started_with(given)
             run_config = compose(base, config, given, {spec.flag for spec in chosen}, fixed)
             if not plans:
                 return fn(run_config, **own)
@@ -86,6 +89,21 @@ def compose(base: RunConfig, config_file: Path | None, given: dict[str, Any], al
     settings = with_options(base, {**_take(from_file, allowed, config_file), **given})
     settings.validate()
     return settings
+
+
+def _started_with(given: dict[str, Any]) -> Path | None:
+    """With `--resume --out RUN` and no --config, RUN's config.json is the config file: the run
+    continues with the options it was started with, not with this command's defaults (options
+    given on the command line still override it, and the run folder refuses those that would
+    change results). None where RUN has no readable config.json: the run folder then checks
+    against its history."""
+    if not given.get("resume") or given.get("out") is None:
+        return None
+    stored = Path(given["out"]) / CONFIG_FILE
+    try:
+        return stored if isinstance(json.loads(stored.read_text(encoding="utf-8")), dict) else None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return None
 
 
 def _given(ctx: typer.Context, flag: str) -> bool:

@@ -134,10 +134,11 @@ class RunFolder:
         session wrote it. Either way the session is appended to history.jsonl."""
         stored = self._stored_config()
         if stored is not None and self.finished_results():
-            changed = [key for key in _RESUME_KEYS if _comparable(key, stored) != _comparable(key, config)]
+            changed = [difference for key in _RESUME_KEYS
+                       for difference in _differences(key, _comparable(key, stored), _comparable(key, config))]
             if changed:
-                raise ConfigError(f"cannot resume {self.path}: its {', '.join(changed)} differ from this "
-                                  "command's; rerun with the same options or choose another --out")
+                raise ConfigError(f"cannot resume {self.path}: its settings differ from this command's "
+                                  f"({'; '.join(changed)}); rerun with the same options or choose another --out")
         if stored is None:
             self._write_json(CONFIG_FILE, config)
         event = "start" if stored is None else "resume"
@@ -309,6 +310,17 @@ def _decode(line: bytes) -> ProblemResult | FailedProblem | None:
         return FailedProblem(**row) if "error" in row else ProblemResult.from_dict(row)
     except (UnicodeDecodeError, json.JSONDecodeError, TypeError, KeyError, AttributeError):
         return None
+
+
+def _differences(path: str, stored: Any, given: Any) -> list[str]:
+    """Each setting that differs, as `path: the run's value -> this command's`, so that a
+    refused resume names the option to fix; a file's fingerprint (hashes) as its name."""
+    if path.startswith("fingerprints.") and stored != given:
+        return [f"{path}: the file's content is not what the run started with"]
+    if isinstance(stored, dict) and isinstance(given, dict):
+        return [difference for name in sorted(stored.keys() | given.keys())
+                for difference in _differences(f"{path}.{name}", stored.get(name), given.get(name))]
+    return [] if stored == given else [f"{path}: {stored!r} -> {given!r}"]
 
 
 def _comparable(key: str, config: dict[str, Any]) -> Any:
