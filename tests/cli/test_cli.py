@@ -86,6 +86,14 @@ def test_a_cpu_budget_beyond_free_memory_is_one_line_after_loading(math500_path)
     assert "of memory free; pass --device-memory" in lines[1]
 
 
+def test_resuming_a_run_with_another_methods_command_names_the_right_one(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.json").write_text(json.dumps({"search": {"method": "beam", "n": 4}}))
+    _one_line_error(_invoke(["bon", "--resume", "--out", str(run)]),
+                    f"{run} holds a beam run, not a bon one: resume it with `tts beam --resume --out {run}`")
+
+
 def test_missing_math500_says_how_to_point_at_a_copy(tmp_path):
     result = _invoke(["beam"], TTS_DATA_DIR=str(tmp_path), HF_HUB_OFFLINE="1")
     _one_line_error(result, "MATH-500 not found")

@@ -59,7 +59,7 @@ def config_command(parent: typer.Typer, name: str, *, only: Iterable[str] | None
             settings = tuple({spec.path[-1]: coerce(spec, values.pop(flag)) for flag, spec in fields.items()}
                              for fields in planned)
             given = {flag: value for flag, value in values.items() if _given(ctx, flag)}
-            config = config if config is not None else _started_with(given)
+            config = config if config is not None else _started_with(given, fixed)
             run_config = compose(base, config, given, {spec.flag for spec in chosen}, fixed)
             if not plans:
                 return fn(run_config, **own)
@@ -91,7 +91,7 @@ def compose(base: RunConfig, config_file: Path | None, given: dict[str, Any], al
     return settings
 
 
-def _started_with(given: dict[str, Any]) -> Path | None:
+def _started_with(given: dict[str, Any], fixed: dict[str, Any]) -> Path | None:
     """With `--resume --out RUN` and no --config, RUN's config.json is the config file: the run
     continues with the options it was started with, not with this command's defaults (options
     given on the command line still override it, and the run folder refuses those that would
@@ -101,9 +101,17 @@ def _started_with(given: dict[str, Any]) -> Path | None:
         return None
     stored = Path(given["out"]) / CONFIG_FILE
     try:
-        return stored if isinstance(json.loads(stored.read_text(encoding="utf-8")), dict) else None
+        config = json.loads(stored.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError):
         return None
+    if not isinstance(config, dict):
+        return None
+    search = config.get("search")
+    method = search.get("method") if isinstance(search, dict) else None
+    if "method" in fixed and method not in (None, fixed["method"]):
+        raise ConfigError(f"{given['out']} holds a {method} run, not a {fixed['method']} one: resume it with "
+                          f"`tts {method} --resume --out {given['out']}`")
+    return stored
 
 
 def _given(ctx: typer.Context, flag: str) -> bool:
