@@ -20,7 +20,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from tts_runtime.runs.run_folder import CONFIG_FILE, CORRUPT_FILE, HISTORY_FILE, RESULTS_FILE, RunFolder
+from tts_runtime.runs.run_folder import (CONFIG_FILE, CORRUPT_FILE, HISTORY_FILE, RESULTS_FILE, RunFolder,
+                                         latest_config)
 from search.results import BeamResult, ProblemResult
 from tests.helpers import GENERATOR, default_sigint, ended_by_ctrl_c
 from tts_runtime.config import ConfigError
@@ -136,6 +137,25 @@ def test_a_config_emptied_by_a_power_loss_is_recovered_from_the_history(tmp_path
     with RunFolder.open(tmp_path / "run", resume=True) as folder:
         folder.write_config(CONFIG)  # nothing to recover from: this command's config is taken
     assert json.loads((tmp_path / "run" / CONFIG_FILE).read_text()) == CONFIG
+
+
+def test_resume_alone_takes_the_last_sessions_config(tmp_path):
+    """`--resume --out RUN` continues with what RUN's last session ran with: a resume that
+    raised --limit keeps it raised, and a torn config.json is read past."""
+    run = tmp_path / "run"
+    assert latest_config(run) is None
+    _run_with(run, "a")
+    assert latest_config(run) == CONFIG
+    raised = {**CONFIG, "dataset": {"name": "math500", "limit": 10}}
+    with RunFolder.open(run, resume=True) as folder:
+        folder.write_config(raised)
+    assert latest_config(run) == raised
+    (run / CONFIG_FILE).write_bytes(b'{"sea')
+    with open(run / HISTORY_FILE, "ab") as history:
+        history.write(b'{"event": "resume", "con')  # a torn last entry, too
+    assert latest_config(run) == raised
+    (run / HISTORY_FILE).unlink()
+    assert latest_config(run) is None
 
 
 # -- a full disk, on a real run ------------------------------------------------------------

@@ -92,6 +92,10 @@ def test_resuming_a_run_with_another_methods_command_names_the_right_one(tmp_pat
     (run / "config.json").write_text(json.dumps({"search": {"method": "beam", "n": 4}}))
     _one_line_error(_invoke(["bon", "--resume", "--out", str(run)]),
                     f"{run} holds a beam run, not a bon one: resume it with `tts beam --resume --out {run}`")
+    # A power loss tore config.json: the history still says what the run is.
+    (run / "config.json").write_text('{"search": {"meth')
+    (run / "history.jsonl").write_text(json.dumps({"event": "start", "config": {"search": {"method": "beam"}}}) + "\n")
+    _one_line_error(_invoke(["bon", "--resume", "--out", str(run)]), f"{run} holds a beam run, not a bon one")
 
 
 def test_missing_math500_says_how_to_point_at_a_copy(tmp_path):

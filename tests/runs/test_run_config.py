@@ -73,7 +73,7 @@ def test_a_run_folders_config_json_reads_back_as_the_same_run_configuration(tmp_
 def test_the_command_line_overrides_the_file_which_overrides_the_defaults(tmp_path):
     recipe = tmp_path / "recipe.yaml"
     recipe.write_text("n: 8\nbeam_width: 4\ntemperature: 0.5\n")
-    run = compose(RunConfig(), recipe, {"n": 16}, FLAGS, {"method": "beam"})
+    run = compose(RunConfig(), read_config_file(recipe), recipe, {"n": 16}, FLAGS, {"method": "beam"})
     assert (run.search.n, run.search.beam_width, run.search.temperature, run.search.resolved().seed) == (16, 4, 0.5, 42)
 
 
@@ -92,7 +92,7 @@ def test_a_bad_config_file_is_one_line(tmp_path, text, fragment):
     recipe = tmp_path / "recipe.yaml"
     recipe.write_text(text)
     with pytest.raises(ConfigError, match=None) as caught:
-        compose(RunConfig(), recipe, {}, FLAGS - {"method"}, {"method": "beam"})
+        compose(RunConfig(), read_config_file(recipe), recipe, {}, FLAGS - {"method"}, {"method": "beam"})
     assert fragment in str(caught.value) and "\n" not in str(caught.value)
 
 
@@ -159,12 +159,12 @@ COMMANDS = {"beam_search": "beam", "best_of_n": "bon", "dvts": "dvts"}
 @pytest.mark.parametrize("recipe", RECIPES, ids=lambda path: f"{path.parent.name}/{path.stem}")
 def test_every_shipped_recipe_is_a_valid_configuration_of_its_command(recipe):
     method = COMMANDS[recipe.stem]
-    run = compose(with_options(RunConfig(), {"method": method}), recipe, {}, FLAGS - {"method"},
-                  {"method": method})
+    run = compose(with_options(RunConfig(), {"method": method}), read_config_file(recipe), recipe, {},
+                  FLAGS - {"method"}, {"method": method})
     assert run.search.method == method and run.models.generator.startswith("meta-llama/Llama-3.2-")
     other = next(command for command in COMMANDS.values() if command != method)
     with pytest.raises(ConfigError, match="fixes at"):
-        compose(RunConfig(), recipe, {}, FLAGS - {"method"}, {"method": other})
+        compose(RunConfig(), read_config_file(recipe), recipe, {}, FLAGS - {"method"}, {"method": other})
 
 
 def test_a_search_and_learn_recipe_file_loads_unchanged(tmp_path):
@@ -172,7 +172,8 @@ def test_a_search_and_learn_recipe_file_loads_unchanged(tmp_path):
     recipe.write_text("approach: beam_search\nn: 4\nbeam_width: 4\nnum_iterations: 40\nseed: 0\n"
                       "model_path: meta-llama/Llama-3.2-1B-Instruct\nprm_path: RLHFlow/Llama3.1-8B-PRM-Deepseek-Data\n"
                       "search_batch_size: 25\nnum_samples: 10\nsort_completed: false\nfilter_duplicates: true\n")
-    run = compose(with_options(RunConfig(), {"method": "beam"}), recipe, {}, FLAGS - {"method"}, {"method": "beam"})
+    run = compose(with_options(RunConfig(), {"method": "beam"}), read_config_file(recipe), recipe, {},
+                  FLAGS - {"method"}, {"method": "beam"})
     assert (run.search.n, run.search.resolved().seed, run.dataset.limit) == (4, 0, 10)
     assert run.models.prm == "RLHFlow/Llama3.1-8B-PRM-Deepseek-Data"
 

@@ -10,7 +10,6 @@ the command line. The RunConfig is validated before fn runs.
 from __future__ import annotations
 
 import inspect
-import json
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Annotated, Any, Optional
@@ -20,9 +19,9 @@ import typer
 from tts_runtime.cli.common import command
 from tts_runtime.config import ConfigError
 from tts_runtime.options import OptionField, coerce, option_fields, option_values, with_options
-from tts_runtime.runs.config_file import read_config_file
+from tts_runtime.runs.config_file import config_options, read_config_file
 from tts_runtime.runs.run_config import RunConfig
-from tts_runtime.runs.run_folder import CONFIG_FILE
+from tts_runtime.runs.run_folder import CONFIG_FILE, latest_config
 
 # Panels in --help, after the common options (those without a panel).
 PANELS = ("Search details", "search-and-learn", "Dataset", "Models", "Memory", "Engine", "Scheduler", "Co-hosting", "Kernels",
@@ -59,8 +58,9 @@ def config_command(parent: typer.Typer, name: str, *, only: Iterable[str] | None
             settings = tuple({spec.path[-1]: coerce(spec, values.pop(flag)) for flag, spec in fields.items()}
                              for fields in planned)
             given = {flag: value for flag, value in values.items() if _given(ctx, flag)}
-            config = config if config is not None else _started_with(given, fixed)
-            run_config = compose(base, config, given, {spec.flag for spec in chosen}, fixed)
+            stored = (read_config_file(config), config) if config is not None else _started_with(given, fixed)
+            from_file, source = stored if stored is not None else ({}, None)
+            run_config = compose(base, from_file, source, given, {spec.flag for spec in chosen}, fixed)
             if not plans:
                 return fn(run_config, **own)
             return fn(run_config, settings if isinstance(plan, tuple) else settings[0], **own)
@@ -79,39 +79,35 @@ def config_command(parent: typer.Typer, name: str, *, only: Iterable[str] | None
     return register
 
 
-def compose(base: RunConfig, config_file: Path | None, given: dict[str, Any], allowed: set[str],
-            fixed: dict[str, Any]) -> RunConfig:
-    """The command's RunConfig: `base` (defaults and fixed values), then the config file's
-    options, then the ones given on the command line; validated."""
-    from_file = read_config_file(config_file) if config_file is not None else {}
-    _check_fixed(from_file, fixed, config_file)
+def compose(base: RunConfig, from_file: dict[str, Any], source: Path | None, given: dict[str, Any],
+            allowed: set[str], fixed: dict[str, Any]) -> RunConfig:
+    """The command's RunConfig: `base` (defaults and fixed values), then the options read from
+    `source` (a config file, or a resumed run's), then the ones given on the command line;
+    validated."""
+    _check_fixed(from_file, fixed, source)
     from_file = {flag: value for flag, value in from_file.items() if flag not in fixed}
-    settings = with_options(base, {**_take(from_file, allowed, config_file), **given})
+    settings = with_options(base, {**_take(from_file, allowed, source), **given})
     settings.validate()
     return settings
 
 
-def _started_with(given: dict[str, Any], fixed: dict[str, Any]) -> Path | None:
-    """With `--resume --out RUN` and no --config, RUN's config.json is the config file: the run
-    continues with the options it was started with, not with this command's defaults (options
-    given on the command line still override it, and the run folder refuses those that would
-    change results). None where RUN has no readable config.json: the run folder then checks
-    against its history."""
+def _started_with(given: dict[str, Any], fixed: dict[str, Any]) -> tuple[dict[str, Any], Path] | None:
+    """With `--resume --out RUN` and no --config, the options RUN's last session ran with
+    (history.jsonl, else config.json): the run continues with them, not with this command's
+    defaults (options given on the command line still override them, and the run folder
+    refuses those that would change results). None where RUN records no configuration."""
     if not given.get("resume") or given.get("out") is None:
         return None
-    stored = Path(given["out"]) / CONFIG_FILE
-    try:
-        config = json.loads(stored.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
-        return None
-    if not isinstance(config, dict):
+    run = Path(given["out"])
+    config = latest_config(run)
+    if config is None:
         return None
     search = config.get("search")
     method = search.get("method") if isinstance(search, dict) else None
     if "method" in fixed and method not in (None, fixed["method"]):
-        raise ConfigError(f"{given['out']} holds a {method} run, not a {fixed['method']} one: resume it with "
-                          f"`tts {method} --resume --out {given['out']}`")
-    return stored
+        raise ConfigError(f"{run} holds a {method} run, not a {fixed['method']} one: resume it with "
+                          f"`tts {method} --resume --out {run}`")
+    return config_options(config, run / CONFIG_FILE), run / CONFIG_FILE
 
 
 def _given(ctx: typer.Context, flag: str) -> bool:

@@ -27,12 +27,16 @@ RECORD_KEYS = frozenset({"resolved", "fingerprints", "versions", "machine", "com
 
 def read_config_file(path: Path) -> dict[str, Any]:
     """The file's options, by option name (flag with underscores)."""
-    raw = _load(path)
+    return config_options(_load(path), path)
+
+
+def config_options(raw: dict[str, Any], source: Path) -> dict[str, Any]:
+    """The options of a configuration in any of the three layouts; `source` names it in errors."""
     if is_sal_recipe(raw):
         return translate_recipe(raw)
     by_path = {spec.path: flag for flag, spec in option_fields(RunConfig).items()}
     options: dict[str, Any] = {}
-    _flatten(raw, (), by_path, options, path)
+    _flatten(raw, (), by_path, options, source)
     return options
 
 

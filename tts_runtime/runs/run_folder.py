@@ -151,7 +151,7 @@ class RunFolder:
         try:
             return self.read_json(CONFIG_FILE)
         except ConfigError as exc:
-            history = self._history()
+            history = _history(self.path)
             log.warning("%s; %s", exc, "using the last configuration in history.jsonl" if history
                         else "the results stay and this command's configuration is taken as the run's")
             if history:
@@ -159,18 +159,6 @@ class RunFolder:
                 return history[-1]["config"]
             (self.path / CONFIG_FILE).unlink()
             return None
-
-    def _history(self) -> list[dict[str, Any]]:
-        path = self.path / HISTORY_FILE
-        if not path.exists():
-            return []
-        entries = []
-        for line in path.read_bytes().splitlines():
-            try:
-                entries.append(json.loads(line))
-            except (json.JSONDecodeError, UnicodeDecodeError):
-                continue  # a torn last entry: the earlier ones still tell the story
-        return [entry for entry in entries if isinstance(entry, dict) and "config" in entry]
 
     # -- results ---------------------------------------------------------------------
     def finished_results(self) -> list[ProblemResult]:
@@ -302,6 +290,35 @@ class RunFolder:
         reason = "the disk is full (or a file-size limit was reached)" if full else (exc.strerror or str(exc))
         return RunFolderWriteError(f"cannot write {self.path / name}: {reason}; the results written so far are "
                                    f"intact: free space and continue with --resume --out {self.path}")
+
+
+def latest_config(run: Path) -> dict[str, Any] | None:
+    """The configuration `run`'s last session ran with (a resume may have raised --limit or
+    changed --problem-batch since config.json was written): the last entry of history.jsonl,
+    else config.json; None where neither is readable. Reads only: the lock holder repairs."""
+    history = _history(run)
+    if history:
+        return history[-1]["config"]
+    try:
+        config = json.loads((run / CONFIG_FILE).read_bytes().decode("utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return None
+    return config if isinstance(config, dict) else None
+
+
+def _history(run: Path) -> list[dict[str, Any]]:
+    path = run / HISTORY_FILE
+    try:
+        lines = path.read_bytes().splitlines()
+    except FileNotFoundError:
+        return []
+    entries = []
+    for line in lines:
+        try:
+            entries.append(json.loads(line))
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            continue  # a torn last entry: the earlier ones still tell the story
+    return [entry for entry in entries if isinstance(entry, dict) and isinstance(entry.get("config"), dict)]
 
 
 def _decode(line: bytes) -> ProblemResult | FailedProblem | None:
