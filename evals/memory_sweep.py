@@ -64,6 +64,7 @@ from tts_runtime.runs.datasets import Problem, load_problems
 from tts_runtime.runs.environment import machine_info
 from tts_runtime.options import option
 from tts_runtime.runs.run_config import RunConfig
+from tts_runtime.runs.run_folder import fresh_folder
 from tts_runtime.runs.scale_config import ScaleOut
 
 if TYPE_CHECKING:
@@ -601,7 +602,7 @@ def sweep_memory(run: RunConfig, plan: SweepPlan, echo: Callable[[str], None] = 
         "profiles": [p.to_dict() for p in models.profiles],
         "workload": asdict(workload),
     }
-    out_dir = Path(run.out) if run.out else Path("runs") / time.strftime("sweep-%Y%m%d-%H%M%S")
+    out_dir = Path(run.out) if run.out else fresh_folder(Path("runs") / time.strftime("sweep-%Y%m%d-%H%M%S"))
     plots = write_outputs(result, out_dir, header)
     echo(format_table(result.rows))
     summary = result.summary

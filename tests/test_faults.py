@@ -66,6 +66,29 @@ def test_a_second_run_on_a_folder_in_use_is_refused_with_its_holder(tmp_path):
     RunFolder.open(tmp_path / "run", resume=False).release()  # free again once the holder ended
 
 
+def test_runs_started_in_the_same_second_get_their_own_default_folders(tmp_path):
+    """The default --out is named by the second; eight processes released at once each claim
+    a folder of their own (base, base-2 ... base-8), none shared."""
+    base = tmp_path / "runs" / "beam-20261128-220953"
+    claim = textwrap.dedent(f"""
+        import sys
+        from pathlib import Path
+        from tts_runtime.runs.run_folder import fresh_folder
+        sys.stdin.readline()
+        print(fresh_folder(Path({str(base)!r})), flush=True)
+    """)
+    claimants = [subprocess.Popen([sys.executable, "-c", claim], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                  text=True) for _ in range(8)]
+    time.sleep(3)  # all eight started and waiting on stdin
+    for claimant in claimants:
+        claimant.stdin.write("go\n")
+        claimant.stdin.flush()
+    claimed = [claimant.communicate(timeout=60)[0].strip() for claimant in claimants]
+    assert sorted(claimed) == sorted([str(base)] + [f"{base}-{k}" for k in range(2, 9)])
+    for path in claimed:  # each an empty folder a new run can take
+        RunFolder.open(path, resume=False).release()
+
+
 def test_folders_that_are_not_a_run_are_refused(tmp_path):
     with pytest.raises(ConfigError, match="no run to resume .* does not exist"):
         RunFolder.open(tmp_path / "typo", resume=True)

@@ -26,7 +26,7 @@ from tts_runtime.models.registry import resolve
 from tts_runtime.runs.datasets import load_problems
 from tts_runtime.runs.run import run_into_folder, run_record
 from tts_runtime.runs.run_config import RunConfig
-from tts_runtime.runs.run_folder import RunFolder
+from tts_runtime.runs.run_folder import RunFolder, fresh_folder
 from tts_runtime.runs.scale_config import ScaleOut
 
 if TYPE_CHECKING:
@@ -48,7 +48,8 @@ def _run_search_command(run: RunConfig) -> None:
     generator, prm = run.models.specs()
     for spec in (generator, prm):  # unknown models now, before minutes of loading
         resolve(spec.model)
-    out = Path(run.out) if run.out else Path("runs") / f"{run.search.method}-{time.strftime('%Y%m%d-%H%M%S')}"
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    out = Path(run.out) if run.out else fresh_folder(Path("runs") / f"{run.search.method}-{stamp}")
     folder = RunFolder.open(out, resume=run.resume)
     folder.write_config(run_record(run, sys.argv))
     scale = run.scale.scale_out(run.engine.device)

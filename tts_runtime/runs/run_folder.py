@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import itertools
 import json
 import logging
 import os
@@ -290,6 +291,22 @@ class RunFolder:
         reason = "the disk is full (or a file-size limit was reached)" if full else (exc.strerror or str(exc))
         return RunFolderWriteError(f"cannot write {self.path / name}: {reason}; the results written so far are "
                                    f"intact: free space and continue with --resume --out {self.path}")
+
+
+def fresh_folder(base: Path) -> Path:
+    """`base`, or `base-2`, `base-3` ... where it is taken, created here: the default output
+    folder is named by the second, and runs started in the same second (one per GPU from a
+    script) must not share it. mkdir is atomic, so two processes never claim the same one."""
+    for attempt in itertools.count(1):
+        path = base if attempt == 1 else base.with_name(f"{base.name}-{attempt}")
+        try:
+            path.mkdir(parents=True)
+            return path
+        except FileExistsError:
+            continue
+        except OSError as exc:
+            raise ConfigError(f"cannot write to output folder {path}: {exc.strerror or exc}") from exc
+    raise AssertionError("unreachable")
 
 
 def latest_config(run: Path) -> dict[str, Any] | None:
