@@ -70,7 +70,7 @@ class BeamBenchConfig:
     prompts: int = 4
     n: int = 4
     prompt_tokens: int = 1500
-    new_tokens: int = option(256, "Beam workload: new tokens per fork.", flag="beam_new_tokens")
+    new_tokens: int = option(256, "Beam workload: new tokens per fork.", flag="beam_new_tokens", at_least=1)
     repeats: int = 3
     hf: bool = option(True, "Beam workload: include HF generate.", flag="beam_hf")
     avx2: bool = option(True, "Beam workload: also run tts as a CPU without AVX-512 does (kernels built for "

@@ -74,7 +74,7 @@ VARIANTS: dict[str, Variant] = {
 class CohostBench:
     config: SearchConfig
     limit: int = 20
-    rounds: int = option(2, "Alternating rounds of every variant; medians.")
+    rounds: int = option(2, "Alternating rounds of every variant; medians.", at_least=1)
     generator: str = DEFAULT_GENERATOR
     prm: str = DEFAULT_PRM
     dataset_path: str | None = None

@@ -34,11 +34,11 @@ from tts_runtime.options import option
 class EngineBenchConfig:
     generator: str = DEFAULT_GENERATOR
     prm: str = DEFAULT_PRM
-    num_prompts: int = option(64, "Generate workload: prompts.")
-    new_tokens: int = option(128, "Generate workload: new tokens per prompt.")
-    beams: int = option(16, "Score workload: beams.")
-    steps: int = option(8, "Score workload: steps per beam.")
-    repeats: int = option(3, "Alternating repetitions; medians reported (the beam workload's too).")
+    num_prompts: int = option(64, "Generate workload: prompts.", at_least=1)
+    new_tokens: int = option(128, "Generate workload: new tokens per prompt.", at_least=1)
+    beams: int = option(16, "Score workload: beams.", at_least=1)
+    steps: int = option(8, "Score workload: steps per beam.", at_least=1)
+    repeats: int = option(3, "Alternating repetitions; medians reported (the beam workload's too).", at_least=1)
     dtypes: tuple[torch.dtype, ...] = option((torch.float32,), "Every side at each of these dtypes, e.g. "
                                              "float32,bfloat16 (beam workload: the first runs every tts variant, "
                                              "the others the oneDNN ones and, at bfloat16, the bf16-dot switch "

@@ -59,9 +59,9 @@ class GpuBenchConfig:
     prefill_requests: int = 256
     # Engine token budget per step, and tokens per HF forward (16 prompts of 512).
     prefill_batch_tokens: int = 8192
-    repeats: int = option(3, "Alternating repetitions; medians reported.")
+    repeats: int = option(3, "Alternating repetitions; medians reported.", at_least=1)
     seed: int = 0
-    search_limit: int = option(50, "MATH-500 problems for the search part (0 skips it).")
+    search_limit: int = option(50, "MATH-500 problems for the search part (0 skips it).", at_least=0)
     workloads: tuple[str, ...] = ("decode", "prefill", "search")
     report_name: str = "gpu"
 

@@ -90,15 +90,15 @@ SWITCH_VARIANTS = tuple(v.label for v in VARIANTS[4:])
 class PipelineBenchConfig:
     generator: str = DEFAULT_GENERATOR
     prm: str = DEFAULT_PRM
-    num_prompts: int = option(32, "Generate workload: prompts.")
-    new_tokens: int = option(64, "Generate workload: new tokens per prompt.")
-    beams: int = option(16, "Score workload: beams.")
-    steps: int = option(8, "Score workload: steps per beam.")
-    search_problems: int = option(2, "Search workload: MATH-500 problems.")
+    num_prompts: int = option(32, "Generate workload: prompts.", at_least=1)
+    new_tokens: int = option(64, "Generate workload: new tokens per prompt.", at_least=1)
+    beams: int = option(16, "Score workload: beams.", at_least=1)
+    steps: int = option(8, "Score workload: steps per beam.", at_least=1)
+    search_problems: int = option(2, "Search workload: MATH-500 problems.", at_least=1)
     search: SearchConfig = field(default_factory=lambda: SearchConfig(
         method="beam", n=4, beam_width=2, num_iterations=3, max_step_tokens=48, max_tokens=64, problem_batch=2))
     search_memory: str | int = 5 << 29  # 2.5 GiB per runtime (the shared box's memory)
-    rounds: int = option(3, "Alternating rounds of every variant; medians.")
+    rounds: int = option(3, "Alternating rounds of every variant; medians.", at_least=1)
     workloads: tuple[str, ...] = option(WORKLOADS, f"Comma-separated: {', '.join(WORKLOADS)}.",
                                         parse=comma_list(str, "workloads"))
     # The SiPipe switch-off variants run on the generate workload only (memory: each is
@@ -112,8 +112,6 @@ class PipelineBenchConfig:
         if unknown or not self.workloads:
             raise ConfigError(f"unknown workload(s) {', '.join(sorted(unknown)) or '(none)'}; "
                               f"choose from {', '.join(WORKLOADS)}")
-        if self.rounds < 1 or self.num_prompts < 1 or self.new_tokens < 1 or self.search_problems < 1:
-            raise ConfigError("--rounds, --num-prompts, --new-tokens and --search-problems must be >= 1")
 
 
 # -- one run's measurements ------------------------------------------------------------------

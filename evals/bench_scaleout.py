@@ -57,7 +57,7 @@ class ScaleoutBench:
     spec: ReplicaSpec
     config: SearchConfig
     limit: int = 8
-    rounds: int = option(2, "Alternating rounds of the three variants; medians.")
+    rounds: int = option(2, "Alternating rounds of the three variants; medians.", at_least=1)
     dataset_path: str | None = None
 
 

@@ -60,7 +60,7 @@ class SearchBench:
     dataset_path: str | None = None
     memory: MemoryConfig = field(default_factory=MemoryConfig)
     rounds: int = option(2, "Rounds, each running every side in turn (tts, tts batch 1, baseline, tts, ...); "
-                         "medians reported.")
+                         "medians reported.", at_least=1)
     baseline: bool = option(True, "Also run the plain HF baseline.")
     out_dir: Path = option(Path("docs/benchmarks"), "Where search.json and search.md go.")
     vllm: bool = False  # add tts on vLLM and search-and-learn's vLLM + HF configuration (evals/bench_vllm.py)

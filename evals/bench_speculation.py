@@ -38,7 +38,7 @@ OFF, ON = "off", "on"
 class SpeculationBench:
     config: SearchConfig  # speculative_extension is set per variant; speculative_max_tokens is kept
     limit: int = 20
-    rounds: int = option(2, "Alternating rounds (off, on); medians.")
+    rounds: int = option(2, "Alternating rounds (off, on); medians.", at_least=1)
     generator: str = DEFAULT_GENERATOR
     prm: str = DEFAULT_PRM
     dataset_path: str | None = None

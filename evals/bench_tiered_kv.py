@@ -48,7 +48,7 @@ class TieredKVBench:
     memory: MemoryConfig  # the squeeze: a small device budget and a starving split
     host_kv_bytes: int
     limit: int = 4
-    rounds: int = option(3, "Alternating rounds of the variants; medians.")
+    rounds: int = option(3, "Alternating rounds of the variants; medians.", at_least=1)
     prefetch: bool = True
     generator: str = DEFAULT_GENERATOR
     prm: str = DEFAULT_PRM

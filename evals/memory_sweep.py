@@ -139,7 +139,7 @@ def parse_splits(text: str) -> list[float]:
         raise ConfigError(f"splits '{text}' name no split: start:stop:step needs start <= stop")
     bad = [s for s in splits if not 0 < s < 1]
     if not splits or bad:
-        raise ConfigError(f"memory split must be in (0, 1), got {bad or text}")
+        raise ConfigError(f"memory split must be in (0, 1), got {', '.join(map(str, bad)) or text}")
     return splits
 
 
@@ -555,7 +555,8 @@ class SweepPlan:
     splits: str = option("0.1:0.9:0.1", "Static PRM fractions: start:stop:step or a comma list.")
     policies: str | None = option(None, "Comma list of static, auto, elastic (default all three; static,auto "
                                   "with --backend vllm).")
-    repeats: int = option(1, "Round-robin repeats; numbers are medians (a setting that cannot run is run once).")
+    repeats: int = option(1, "Round-robin repeats; numbers are medians (a setting that cannot run is run once).",
+                          at_least=1)
     markdown: Path | None = option(None, "Also write a benchmark report here.")
     workload: str = option("steady", "steady (the search on every problem) or shifting (half the problems "
                            "generator-heavy best-of-N, then half PRM-heavy beam search; "

@@ -50,12 +50,12 @@ class SalDiffConfig:
     backend: str = option("native", "Our side's engines: native or vllm (S&L's generator is always vLLM).")
     generator: str = option(DEFAULT_GENERATOR, "Generator (both sides).")
     prm: str = option(DEFAULT_PRM, "PRM (both sides), scored in the RLHFlow format by S&L's RLHFFlow code.")
-    limit: int = option(5, "Problems.")
+    limit: int = option(5, "Problems.", at_least=1)
     levels: tuple[int, ...] = option((1, 2), "MATH-500 levels to take them from.", parse=comma_list(int, "levels"))
-    n: int = option(4, "Beams.")
-    beam_width: int = option(2, "Beam width M (n // M kept each iteration).")
-    num_iterations: int = option(4, "Iterations.")
-    max_tokens: int = option(96, "Token cap of every step and of the last iteration's run to the end.")
+    n: int = option(4, "Beams.", at_least=1)
+    beam_width: int = option(2, "Beam width M (n // M kept each iteration).", at_least=1)
+    num_iterations: int = option(4, "Iterations.", at_least=1)
+    max_tokens: int = option(96, "Token cap of every step and of the last iteration's run to the end.", at_least=1)
     # Both sides run the PRM in float32 on different kernels (HF transformers / ours or vLLM):
     # step probabilities then differ by rounding, ~1e-6 measured on the demo PRM.
     tolerance: float = option(1e-4, "Largest step-score difference counted as equal.")

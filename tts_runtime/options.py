@@ -33,12 +33,13 @@ class OptionSpec:
     # Option text or config-file value -> the field's value (sizes, comma lists); with it the
     # option is typed `str` on the command line.
     parse: Callable[[Any], Any] | None = None
+    at_least: int | None = None  # a number's smallest allowed value (counts: rounds, prompts ...)
 
 
 def option(default: Any = MISSING, help: str = "", *, default_factory: Any = MISSING, panel: str | None = None,
-           flag: str | None = None, parse: Callable[[Any], Any] | None = None) -> Any:
+           flag: str | None = None, parse: Callable[[Any], Any] | None = None, at_least: int | None = None) -> Any:
     """A dataclass field that is also a user option (see the module doc)."""
-    metadata = {OPTION_KEY: OptionSpec(help, panel, flag, parse)}
+    metadata = {OPTION_KEY: OptionSpec(help, panel, flag, parse, at_least)}
     return field(default=default, default_factory=default_factory, metadata=metadata)
 
 
@@ -170,6 +171,8 @@ def coerce(spec: OptionField, value: Any) -> Any:
             raise ConfigError(f"{flag} takes {'an integer' if kind is int else 'a number'}, got {value!r}") from None
         if kind is int and isinstance(value, float) and value != number:
             raise ConfigError(f"{flag} takes an integer, got {value!r}")
+        if spec.spec.at_least is not None and number < spec.spec.at_least:
+            raise ConfigError(f"{flag} must be >= {spec.spec.at_least}, got {number}")
         return number
     if kind is str and not isinstance(value, str):
         raise ConfigError(f"{flag} takes text, got {value!r}")
