@@ -89,6 +89,33 @@ def test_runs_started_in_the_same_second_get_their_own_default_folders(tmp_path)
         RunFolder.open(path, resume=False).release()
 
 
+def test_a_new_run_that_wrote_no_problem_takes_its_files_back(tmp_path):
+    made = RunFolder.open(tmp_path / "made", resume=False)
+    made.write_config(CONFIG)
+    assert made.abandon_if_empty() and not (tmp_path / "made").exists()
+    (tmp_path / "yours").mkdir()  # a folder the user made stays, empty again
+    folder = RunFolder.open(tmp_path / "yours", resume=False)
+    folder.write_config(CONFIG)
+    assert folder.abandon_if_empty() and list((tmp_path / "yours").iterdir()) == []
+    RunFolder.open(tmp_path / "yours", resume=False).release()  # and takes the fixed command's run
+    (tmp_path / "runs" / "beam-1").mkdir(parents=True)
+    fresh = RunFolder.open(tmp_path / "runs" / "beam-1", resume=False, fresh=True)
+    assert fresh.path == tmp_path / "runs" / "beam-1-2"
+    fresh.write_config(CONFIG)
+    assert fresh.abandon_if_empty() and not fresh.path.exists() and (tmp_path / "runs" / "beam-1").is_dir()
+
+    _run_with(tmp_path / "run", "a")  # a run with a result line, and any resume, keep everything
+    kept = sorted(path.name for path in (tmp_path / "run").iterdir())
+    with RunFolder.open(tmp_path / "run", resume=True) as resumed:
+        resumed.write_config(CONFIG)
+        assert not resumed.abandon_if_empty()
+    assert sorted(path.name for path in (tmp_path / "run").iterdir()) == kept
+    (tmp_path / "run" / RESULTS_FILE).unlink()
+    with RunFolder.open(tmp_path / "run", resume=True) as resumed:
+        assert not resumed.abandon_if_empty()
+    assert (tmp_path / "run" / CONFIG_FILE).exists()
+
+
 def test_folders_that_are_not_a_run_are_refused(tmp_path):
     with pytest.raises(ConfigError, match="no run to resume .* does not exist"):
         RunFolder.open(tmp_path / "typo", resume=True)

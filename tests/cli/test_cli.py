@@ -157,6 +157,17 @@ def test_run_folder_refuses_to_mix_runs(tmp_path):
 
 # -- real runs ---------------------------------------------------------------------------
 
+def test_a_run_refused_while_starting_leaves_no_folder_behind(tmp_path, math500_path):
+    """The KV budget is checked once the models' sizes are known; the refused run's folder
+    goes with it, so the corrected command starts anew rather than being told to --resume."""
+    out = tmp_path / "run"
+    result = _invoke(["beam", "--limit", "1", "--device-memory", "100TiB", "--out", str(out)],
+                     TTS_DATA_DIR=str(math500_path.parents[1]))
+    assert result.exit_code == 2 and "Traceback" not in result.output, result.output
+    assert result.output.strip().splitlines()[-1].startswith("error: --device-memory 102400.00 GiB gives the KV caches")
+    assert not out.exists()
+
+
 def _tts(math500_path: Path, *args: str) -> list[str]:
     return [sys.executable, "-m", "tts_runtime.cli", "beam", "--dataset-path", str(math500_path),
             "--device-memory", "3GiB", *TINY, *args]

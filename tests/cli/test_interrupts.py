@@ -46,4 +46,5 @@ def test_ctrl_c_while_loading_the_models_is_one_line(math500_path, tmp_path):
             break
     time.sleep(0.1)  # the load and the memory profile take seconds
     lines = _interrupted(process)
-    assert lines[-1].startswith("interrupted while loading the models"), lines
+    assert lines[-1] == "interrupted while loading the models; nothing was searched", lines
+    assert not (tmp_path / "run").exists()  # a new run with nothing in it: the same command starts anew

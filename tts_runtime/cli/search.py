@@ -26,7 +26,7 @@ from tts_runtime.models.registry import resolve
 from tts_runtime.runs.datasets import load_problems
 from tts_runtime.runs.run import run_into_folder, run_record
 from tts_runtime.runs.run_config import RunConfig
-from tts_runtime.runs.run_folder import RunFolder, fresh_folder
+from tts_runtime.runs.run_folder import RunFolder
 from tts_runtime.runs.scale_config import ScaleOut
 
 if TYPE_CHECKING:
@@ -49,8 +49,17 @@ def _run_search_command(run: RunConfig) -> None:
     for spec in (generator, prm):  # unknown models now, before minutes of loading
         resolve(spec.model)
     stamp = time.strftime("%Y%m%d-%H%M%S")
-    out = Path(run.out) if run.out else fresh_folder(Path("runs") / f"{run.search.method}-{stamp}")
-    folder = RunFolder.open(out, resume=run.resume)
+    folder = RunFolder.open(Path(run.out) if run.out else Path("runs") / f"{run.search.method}-{stamp}",
+                            resume=run.resume, fresh=not run.out)
+    try:
+        _search_into(run, problems, folder)
+    except BaseException:
+        folder.abandon_if_empty()  # a new run that wrote no problem leaves nothing to --resume
+        raise
+
+
+def _search_into(run: RunConfig, problems: list, folder: RunFolder) -> None:
+    generator, prm = run.models.specs()
     folder.write_config(run_record(run, sys.argv))
     scale = run.scale.scale_out(run.engine.device)
     if scale is not None:
@@ -62,8 +71,9 @@ def _run_search_command(run: RunConfig) -> None:
     try:
         runtime = Runtime(generator, prm, memory=run.memory, engine_config=run.engine, backend=run.backend)
     except KeyboardInterrupt:
-        console.print(f"interrupted while loading the models; nothing was searched ({folder.path})",
-                      soft_wrap=True, markup=False)
+        kept = "" if folder.abandon_if_empty() else f" ({folder.path})"
+        console.print(f"interrupted while loading the models; nothing was searched{kept}", soft_wrap=True,
+                      markup=False)
         raise typer.Exit(130) from None
     try:
         live = SearchProgress()
@@ -111,8 +121,11 @@ def _run_scaled_command(run: RunConfig, problems: list, spec: ReplicaSpec, folde
 
 
 def _interrupted(folder: RunFolder) -> None:
-    console.print(f"interrupted: finished problems are in {folder.path}; continue with --resume "
-                  f"--out {shlex.quote(str(folder.path))}", soft_wrap=True, markup=False)
+    if folder.abandon_if_empty():
+        console.print("interrupted before any problem finished; nothing was kept")
+    else:
+        console.print(f"interrupted: finished problems are in {folder.path}; continue with --resume "
+                      f"--out {shlex.quote(str(folder.path))}", soft_wrap=True, markup=False)
     raise typer.Exit(130) from None
 
 

@@ -54,12 +54,17 @@ class RunFolder:
     path: Path
     _results: TextIO | None = field(default=None, repr=False)  # results.jsonl, opened on first append
     _lock: int | None = field(default=None, repr=False)  # fd of .lock, flock-ed while the run lives
+    _new: bool = field(default=False, repr=False)  # a new run, not a resume
+    _made: bool = field(default=False, repr=False)  # open() made the folder
 
     @classmethod
-    def open(cls, path: str | Path, *, resume: bool) -> RunFolder:
+    def open(cls, path: str | Path, *, resume: bool, fresh: bool = False) -> RunFolder:
         """The folder for a new run (absent or empty) or for `resume` (one that holds a
-        run), locked against every other run until `release()` or the process ends."""
-        folder = cls(Path(path))
+        run), locked against every other run until `release()` or the process ends.
+        `fresh`: a new run in `path` or, where that is taken, in path-2, path-3 ... (the
+        default --out, named by the second)."""
+        folder = cls(fresh_folder(Path(path)) if fresh else Path(path), _new=not resume)
+        folder._made = fresh or not folder.path.exists()
         if folder.path.exists() and not folder.path.is_dir():
             raise ConfigError(f"output folder {folder.path} is a file; choose another --out")
         if resume and not folder.path.is_dir():
@@ -109,6 +114,22 @@ class RunFolder:
         if not resume and holds_run:
             raise ConfigError(f"output folder {self.path} already holds a run; "
                               "pass --resume to continue it or choose another --out")
+
+    def abandon_if_empty(self) -> bool:
+        """A new run that ends before its first problem is written (an error or Ctrl-C while
+        the models load) takes its files back, and the folder where it made it, so that the
+        same command, once fixed, starts anew instead of being told to --resume. True where
+        it did; a resume, or a run with a result line, keeps everything."""
+        if not self._new or (self.path / RESULTS_FILE).exists():
+            return False
+        self.close()
+        for name in (CONFIG_FILE, HISTORY_FILE, LOCK_FILE):
+            (self.path / name).unlink(missing_ok=True)
+        if self._made:
+            self.path.rmdir()
+        self.release()
+        self._new = False  # once: the folder is gone
+        return True
 
     def release(self) -> None:
         """Close the results file and unlock the folder for other runs."""
