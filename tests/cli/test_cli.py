@@ -300,6 +300,15 @@ def test_resume_after_the_run_is_killed(tmp_path, math500_path):
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["problems"] == 2 and metrics["throughput"]["problems"] == 1
 
+    # Once more: every problem is done and its metrics written, so no model loads.
+    done = (out / RESULTS_FILE).read_text(), (out / "metrics.json").read_text()
+    again = subprocess.run([sys.executable, "-m", "tts_runtime.cli", "beam", "--resume", "--out", str(out)],
+                           capture_output=True, text=True, timeout=900)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert f"{out} already holds all 2 problems; nothing to run" in again.stderr + again.stdout
+    assert "loading" not in again.stderr + again.stdout
+    assert ((out / RESULTS_FILE).read_text(), (out / "metrics.json").read_text()) == done
+
 
 def test_cli_and_sweep_start_without_importing_ray():
     """Ray serves --replicas alone: a one-process run (a GPU box without Ray, say) must not

@@ -24,9 +24,9 @@ from tts_runtime.cohost.runtime import Runtime
 from tts_runtime.config import ConfigError
 from tts_runtime.models.registry import resolve
 from tts_runtime.runs.datasets import load_problems
-from tts_runtime.runs.run import run_into_folder, run_record
+from tts_runtime.runs.run import run_into_folder, run_record, split_finished
 from tts_runtime.runs.run_config import RunConfig
-from tts_runtime.runs.run_folder import RunFolder
+from tts_runtime.runs.run_folder import METRICS_FILE, RunFolder
 from tts_runtime.runs.scale_config import ScaleOut
 
 if TYPE_CHECKING:
@@ -61,6 +61,12 @@ def _run_search_command(run: RunConfig) -> None:
 def _search_into(run: RunConfig, problems: list, folder: RunFolder) -> None:
     generator, prm = run.models.specs()
     folder.write_config(run_record(run, sys.argv))
+    finished = _finished_metrics(folder, problems)
+    if finished is not None:
+        console.print(f"{folder.path} already holds all {finished['problems']} problems; nothing to run",
+                      soft_wrap=True, markup=False)
+        _print_summary(finished, folder.path)
+        return
     scale = run.scale.scale_out(run.engine.device)
     if scale is not None:
         from tts_runtime.runs.scaleout import ReplicaSpec  # imports Ray: only for runs that use it
@@ -87,6 +93,19 @@ def _search_into(run: RunConfig, problems: list, folder: RunFolder) -> None:
         runtime.shutdown()
     _print_failures(outcome.failed)
     _print_summary(outcome.metrics, folder.path)
+
+
+def _finished_metrics(folder: RunFolder, problems: list) -> dict | None:
+    """metrics.json of a resumed run that has every problem done and its metrics written:
+    there is nothing to search, so the models are not loaded (minutes for a large PRM)."""
+    previous, todo = split_finished(folder, problems)
+    if todo:
+        return None
+    try:
+        metrics = folder.read_json(METRICS_FILE)
+    except ConfigError:
+        return None  # torn by a kill: the normal path writes it again
+    return metrics if isinstance(metrics, dict) and metrics.get("problems") == len(previous) else None
 
 
 def _run_scaled_command(run: RunConfig, problems: list, spec: ReplicaSpec, folder: RunFolder,
