@@ -70,8 +70,8 @@ class RunConfig:
     backend: str = option("native", "native (our engine) or vllm (both models on vLLM engines; needs the vllm "
                           "extra).", panel="Engine")
     out: str | None = option(None, "Run folder (default runs/<method>-<time>).")
-    resume: bool = option(False, "Continue the run in --out, skipping finished problems, with the options it "
-                          "was started with (its config.json) unless given here.")
+    resume: bool = option(False, "Continue the run in --out, skipping finished problems, with the options its "
+                          "last session ran with (its history.jsonl) unless given here.")
 
     def validate(self) -> None:
         """Every check that spans parts, each a one-line ConfigError, before anything loads."""
