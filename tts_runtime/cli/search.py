@@ -83,7 +83,7 @@ def _search_into(run: RunConfig, problems: list, folder: RunFolder) -> None:
         raise typer.Exit(130) from None
     try:
         live = SearchProgress()
-        todo = sum(problem.id not in {result.id for result in folder.finished_results()} for problem in problems)
+        todo = len(split_finished(folder, problems)[1])
         with _SearchProgress(lambda: runtime.generator.stats.generated_tokens, todo, live.iteration) as progress:
             outcome = run_into_folder(runtime, problems, run.search, folder, on_result=progress.advance,
                                       progress=live)
