@@ -31,6 +31,8 @@ from typing import Iterable, Protocol
 
 import torch
 
+from tts_runtime.executor.kv_cache import zeroed_buffer
+
 # A chunk holds at most this many blocks of the larger model: bigger chunks move too
 # coarsely, smaller ones waste a partial block per chunk when sizes do not divide.
 _MAX_BLOCKS_PER_CHUNK = 8
@@ -104,21 +106,21 @@ class ElasticKVPool:
     layout: ChunkLayout
     owners: list[str]  # per chunk
     device: torch.device
+    lazy_zeroing: bool = True  # CacheConfig.lazy_kv_zeroing
     moves: list[ChunkMove] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if len(self.owners) != self.layout.num_chunks:
             raise ValueError("one owner per chunk")
-        self.buffer = torch.zeros(self.layout.num_chunks * self.layout.chunk_bytes, dtype=torch.uint8,
-                                  device=self.device)
+        self.buffer = zeroed_buffer(self.layout.num_chunks * self.layout.chunk_bytes, self.device, self.lazy_zeroing)
         self._pools: dict[str, BlockPool] = {}
 
     @classmethod
     def split(cls, layout: ChunkLayout, first: str, second: str, second_chunks: int,
-              device: torch.device) -> ElasticKVPool:
+              device: torch.device, lazy_zeroing: bool = True) -> ElasticKVPool:
         """`second` owns the top `second_chunks` chunks, `first` the rest."""
         owners = [first] * (layout.num_chunks - second_chunks) + [second] * second_chunks
-        return cls(layout, owners, device)
+        return cls(layout, owners, device, lazy_zeroing)
 
     # -- membership ------------------------------------------------------------------
     def attach(self, member: str, pool: BlockPool) -> None:

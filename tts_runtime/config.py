@@ -67,6 +67,11 @@ class CacheConfig:
     # ahead (behind the forward on CUDA; synchronously between steps on CPU).
     host_kv_prefetch: bool = option(True, "Host KV tier: swap in the blocks of requests about to be admitted one "
                                     "step ahead.", panel="Engine")
+    # Writing zeros over a CPU KV cache at start made the main job hold all of it (8.3 GiB
+    # resident instead of 3.0) and start 1.2 s later; the kernel's zeroed pages cost only
+    # where a run writes (executor/kv_cache.py, docs/benchmarks/lazy_kv.md).
+    lazy_kv_zeroing: bool = option(True, "CPU: take the KV cache as zeroed pages the kernel hands out when first "
+                                   "written, instead of writing zeros over all of it at start.", panel="Engine")
 
     def __post_init__(self) -> None:
         if self.block_size is not None and not 1 <= self.block_size <= MAX_BLOCK_SIZE:

@@ -20,6 +20,7 @@ from evals.bench_pipeline import PipelineBenchConfig
 from evals.bench_scaleout import ScaleoutBench
 from evals.bench_search import SearchBench, bench_search
 from evals.bench_speculation import SpeculationBench
+from evals.bench_startup import StartupBench
 from evals.bench_tiered_kv import TieredKVBench
 from tts_runtime.cli.common import check_names, console
 from tts_runtime.cli.options import config_command
@@ -178,4 +179,18 @@ def bench_speculation_command(run: RunConfig, settings: dict) -> None:
     bench = SpeculationBench(config=run.search, limit=run.dataset.limit, dataset_path=run.dataset.dataset_path,
                              memory=run.memory, device=run.engine.device, **settings)
     path = bench_speculation(bench, command=["tts", *sys.argv[1:]], log=console.print)
+    typer.echo(path.read_text())
+
+
+@config_command(bench_app, "startup", fixed={"method": "beam"},
+                defaults={"limit": 8, "num_iterations": 5, "max_step_tokens": 96, "device": "cpu"},
+                only=(*SEARCH_SHAPE, "seed", "limit", "dataset_path", "device", "device_memory", "dtype"),
+                plan=StartupBench)
+def bench_startup_command(run: RunConfig, settings: dict) -> None:
+    """The whole main job, each run a fresh `tts beam` process, with the KV cache zeroed lazily
+    (--lazy-kv-zeroing) vs eagerly: wall time, time outside the search, problems/min, peak
+    memory (writes docs/benchmarks/<stem>.json/md)."""
+    from evals.bench_startup import bench_startup
+
+    path = bench_startup(StartupBench(run, **settings), command=["tts", *sys.argv[1:]], log=console.print)
     typer.echo(path.read_text())

@@ -197,7 +197,8 @@ class Runtime:
             if dtypes[0] != dtypes[1]:
                 raise ConfigError(f"elastic memory needs both models in one dtype (generator {dtypes[0]}, "
                                   f"PRM {dtypes[1]}): a shared chunk is read in either; set --dtype")
-            self.pool = ElasticKVPool.split(self.plan.chunks, GENERATOR, PRM, self.plan.prm_chunks, dev)
+            self.pool = ElasticKVPool.split(self.plan.chunks, GENERATOR, PRM, self.plan.prm_chunks, dev,
+                                            self.engine_config.cache.lazy_kv_zeroing)
             self.generator = Engine(gen_spec, self.engine_config, loaded=gen_loaded,
                                     kv=self._shared_kv(GENERATOR, gen_loaded, dtypes[0]))
             self.prm = Engine(prm_spec, self.engine_config, loaded=prm_loaded,

@@ -71,7 +71,7 @@ def build_local_executor(loaded: LoadedModel, config: EngineConfig, num_blocks: 
     weight = loaded.model.output_weight
     device, dtype = weight.device, weight.dtype
     caches = kv.caches if kv is not None else allocate_kv_cache(
-        loaded.arch, num_blocks, config.cache.block_size, dtype, device)
+        loaded.arch, num_blocks, config.cache.block_size, dtype, device, config.cache.lazy_kv_zeroing)
     backend = backend_for(config, device)
     ops = layer_ops(device, config, [loaded.model])
     return LocalExecutor(loaded.model, caches, backend, ops,

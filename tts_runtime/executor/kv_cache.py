@@ -8,6 +8,8 @@ bytes of a whole chunk of blocks can change hands between models with different 
 
 from __future__ import annotations
 
+import math
+import mmap
 from dataclasses import dataclass
 
 import torch
@@ -25,12 +27,30 @@ def bytes_per_block(arch: ArchConfig, block_size: int, dtype: torch.dtype) -> in
     return block_size * arch.kv_bytes_per_token(element_size(dtype))
 
 
+def zeroed_buffer(nbytes: int, device: torch.device, lazy: bool = True) -> torch.Tensor:
+    """`nbytes` of zeros (uint8): KV memory starts zeroed so that a padded gather never reads
+    NaN garbage into a masked softmax.
+
+    `lazy` on a CPU: an anonymous private mapping, whose pages the kernel hands out zeroed as
+    they are first written, so the process holds memory only for the blocks a run has used.
+    torch.zeros writes every page at start: the demo job then peaks at 8.3 GiB resident
+    instead of 3.0 and starts 1.2 s later (docs/benchmarks/lazy_kv.md)."""
+    device = torch.device(device)
+    if not lazy or device.type != "cpu" or nbytes == 0:
+        return torch.zeros(nbytes, dtype=torch.uint8, device=device)
+    # Private, so that a process forked later writes its own copy. The tensor holds a
+    # reference to the mapping, which is unmapped when the last view of it goes.
+    return torch.frombuffer(mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS), dtype=torch.uint8)
+
+
 def allocate_kv_cache(arch: ArchConfig, num_blocks: int, block_size: int, dtype: torch.dtype,
-                      device: torch.device) -> KVCaches:
+                      device: torch.device, lazy_zeroing: bool = True) -> KVCaches:
+    """Per layer a contiguous K and V pool, all views of one zeroed buffer."""
     shape = (num_blocks, block_size, arch.num_kv_heads, arch.head_dim)
-    # Zero-filled so a padded gather never reads NaN garbage into a masked softmax.
-    return [(torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device))
-            for _ in range(arch.num_layers)]
+    elements = math.prod(shape)
+    pools = zeroed_buffer(2 * arch.num_layers * elements * element_size(dtype), device, lazy_zeroing).view(dtype)
+    views = [pools[index * elements:(index + 1) * elements].view(shape) for index in range(2 * arch.num_layers)]
+    return list(zip(views[0::2], views[1::2]))
 
 
 def shared_kv_views(buffer: torch.Tensor, arch: ArchConfig, num_blocks: int, block_size: int,

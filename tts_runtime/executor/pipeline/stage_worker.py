@@ -161,8 +161,9 @@ class StageWorker:
         loaded = load_model(spec.model, spec.dtype, self.device, part)
         model = loaded.model
         own_layers = replace(loaded.arch, num_layers=len(spec.layers))  # KV for this stage's layers only
-        caches = allocate_kv_cache(own_layers, spec.num_blocks, self.setup.config.cache.block_size, spec.dtype,
-                                   self.device)
+        cache = self.setup.config.cache
+        caches = allocate_kv_cache(own_layers, spec.num_blocks, cache.block_size, spec.dtype, self.device,
+                                   cache.lazy_kv_zeroing)
         return _StageModel(model, spec.layers, caches, loaded.arch.hidden_size, spec.dtype, spec.num_blocks)
 
     def _capture_graphs(self) -> dict[str, list[StageGraphs]]:
