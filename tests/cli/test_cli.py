@@ -54,6 +54,14 @@ def _one_line_error(result, fragment: str) -> None:
     (["bon", "--limit", "1", "--prm", "/no/such/prm"], "unknown model '/no/such/prm'"),
     (["beam", "--levels", "one"], "--levels takes a comma-separated list"),
     (["beam", "--ids", ""], "--ids is empty"),
+    # Found by click before the command runs: one line too, not typer's panel.
+    (["beam", "--seed", "abc"], "Invalid value for '--seed'"),
+    (["beam", "--memory-split", "abc"], "Invalid value for '--memory-split'"),
+    (["beam", "--nope"], "No such option: --nope"),
+    (["beam", "extra"], "unexpected extra argument"),
+    (["bench", "startup", "--rounds", "x"], "see `tts bench startup --help`"),
+    (["bench", "startup", "--rounds", "0"], "--rounds must be >= 1, got 0"),
+    (["nope"], "No such command 'nope'; see `tts --help`"),
     (["bench", "engine", "--dtypes", "fp8", "--workload", "nope"], "unknown dtype 'fp8'"),
     (["bench", "cohost", "--variants", "alternate,nope"], "--variants takes a comma-separated list"),
     (["bench", "host", "--limits", "x"], "--limits takes a comma-separated list"),
@@ -114,6 +122,18 @@ def test_unwritable_output_folder(tmp_path, math500_path):
     result = _invoke(["beam", "--limit", "1", "--out", str(blocker / "run")],
                      TTS_DATA_DIR=str(math500_path.parents[1]))
     _one_line_error(result, "cannot write to output folder")
+
+
+@pytest.mark.parametrize("args, usage", [([], "Usage: tts [OPTIONS] COMMAND"),
+                                          (["bench"], "Usage: tts bench [OPTIONS] COMMAND"),
+                                          (["beam", "--help"], "Usage: tts beam [OPTIONS]")])
+def test_help_still_prints_in_full(args, usage):
+    """The root group's one-line errors leave help alone: a group without a command shows its
+    help (exit 2, as click does), --help shows it and exits 0."""
+    result = _invoke(args)
+    assert result.exit_code == (0 if args[-1:] == ["--help"] else 2), result.output
+    assert usage in result.output and "error:" not in result.output
+    assert len(result.output.splitlines()) > 10
 
 
 def test_models_list_shows_every_alias():

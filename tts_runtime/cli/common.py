@@ -1,13 +1,16 @@
-"""What every `tts` command shares: `command` (one-line errors for user mistakes) and the console."""
+"""What every `tts` command shares: `command` and the root group (one-line errors for user
+mistakes) and the console."""
 
 from __future__ import annotations
 
 import functools
+import sys
 from collections.abc import Callable
 from typing import Any
 
 import typer
 from rich.console import Console
+from typer.core import TyperGroup
 
 from tts_runtime.cli.starting import command_started
 from tts_runtime.config import ConfigError
@@ -36,6 +39,30 @@ def command(parent: typer.Typer, name: str, **options: Any) -> Callable[[Callabl
         parent.command(name, **options)(run)
         return fn
     return register
+
+
+class OneLineUsageErrors(TyperGroup):
+    """The root group: a mistake click finds before any command runs (an unknown option, a
+    value that is not a number) is one `error: ...` line with exit code 2 too, not a panel."""
+
+    def main(self, *args: Any, standalone_mode: bool = True, **kwargs: Any) -> Any:
+        if not standalone_mode:
+            return super().main(*args, standalone_mode=False, **kwargs)
+        try:
+            # Not standalone: click raises its errors here instead of printing them itself,
+            # and returns the exit code of a command that raised typer.Exit.
+            code = super().main(*args, standalone_mode=False, **kwargs)
+        except typer.TyperException as exc:  # click's errors (typer carries its own click)
+            if type(exc).__name__ == "NoArgsIsHelpError":  # typer printed the help as it raised it
+                sys.exit(exc.exit_code)
+            context = getattr(exc, "ctx", None)
+            hint = f"; see `{context.command_path} --help`" if context is not None else ""
+            typer.echo(f"error: {' '.join(exc.format_message().split()).rstrip('.')}{hint}", err=True)
+            sys.exit(exc.exit_code)
+        except typer.Abort:
+            typer.echo("aborted", err=True)
+            sys.exit(1)
+        sys.exit(code if isinstance(code, int) else 0)
 
 
 def check_names(chosen: tuple[str, ...], what: str, known: tuple[str, ...]) -> list[str]:

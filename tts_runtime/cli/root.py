@@ -13,9 +13,10 @@ import typer
 import tts_runtime.cli.memory as memory_command
 import tts_runtime.cli.search as search_commands
 from tts_runtime.cli.bench import bench_app
+from tts_runtime.cli.common import OneLineUsageErrors
 from tts_runtime.cli.models import models_app
 
-app = typer.Typer(name="tts", help="Test-time-compute search: PRM-guided beam search, best-of-N, DVTS.",
+app = typer.Typer(name="tts", cls=OneLineUsageErrors, help="Test-time-compute search: PRM-guided beam search, best-of-N, DVTS.",
                   no_args_is_help=True, add_completion=False, pretty_exceptions_show_locals=False)
 app.add_typer(models_app, name="models")
 app.add_typer(bench_app, name="bench")
