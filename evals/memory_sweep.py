@@ -45,7 +45,6 @@ import torch
 import typer
 
 from evals.bench import SideBySide
-from evals.memory_plots import plot_hit_rate, plot_sweep, plot_throughput
 from evals.shifting_workload import WorkloadPhase, workload_phases
 from memory.profile import MemoryProfile, format_bytes
 from memory.split import POLICIES, MemoryConfig, Workload
@@ -439,6 +438,9 @@ def timeline_labels(rows: list[dict]) -> list[str]:
 
 def write_outputs(result: SweepResult, out_dir: Path, header: dict) -> list[Path]:
     """sweep.csv, sweep.json and the plots; returns the plot paths."""
+    # matplotlib takes 0.3 s to import: every `tts` command would pay it, not only the sweep.
+    from evals.memory_plots import plot_hit_rate, plot_sweep, plot_throughput
+
     out_dir.mkdir(parents=True, exist_ok=True)
     with (out_dir / "sweep.csv").open("w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=SWEEP_COLUMNS)
