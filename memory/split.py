@@ -139,6 +139,14 @@ def kv_budget(budget: int, utilization: float, generator: MemoryProfile, prm: Me
     return kv, non_torch
 
 
+def check_budget_within(budget: int | None, total: int | None, where: str) -> None:
+    """A budget beyond all the memory `where` has (a typo's extra digits, a GPU's size on a
+    smaller one) can never be planned: a one-line error, not an out-of-memory failure."""
+    if budget is not None and total is not None and budget > total:
+        raise ConfigError(f"--device-memory {format_bytes(budget)} is more than {where} has in all "
+                          f"({format_bytes(total)}); pass a smaller --device-memory")
+
+
 def cpu_budget(config: MemoryConfig, budget: int, host_available: int,
                generator: MemoryProfile, prm: MemoryProfile) -> int:
     """On CPU the "device" is this machine's memory, and the KV caches are committed as
@@ -188,6 +196,7 @@ def plan_memory(config: MemoryConfig, generator: MemoryProfile, prm: MemoryProfi
     element bytes of (generator, PRM), which an elastic pool's views need;
     `host_available`: on CPU, the host memory still free once the weights are loaded,
     which the KV caches must fit in (see cpu_budget)."""
+    check_budget_within(config.device_memory, device_total, "the device")
     budget = config.device_memory or device_total or DEFAULT_CPU_BUDGET
     if host_available is not None:
         budget = cpu_budget(config, budget, host_available, generator, prm)

@@ -51,7 +51,7 @@ _LARGEST = 1 << 60  # 1 EiB: past any device, and still exact as an int
 
 def parse_size(text: str | int) -> int:
     """'6GiB', '512MiB', '1.5GB', '2e9', 6442450944 -> bytes."""
-    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:e[0-9]+)?)\s*([a-zA-Z]*)\s*", str(text))
+    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:e[+]?[0-9]+)?)\s*([a-zA-Z]*)\s*", str(text))
     unit = match.group(2).lower() if match else None
     if match is None or unit not in _UNITS:
         raise ConfigError(f"cannot read memory size '{text}'; write e.g. 6GiB, 512MiB or 8GB")

@@ -127,6 +127,10 @@ def test_a_cpu_budget_beyond_free_memory_is_an_error_and_the_default_shrinks_to_
     assert plan_memory(MemoryConfig(), gen, prm, host_available=64 * GiB).budget_bytes == 8 * GiB
     assert plan_memory(MemoryConfig(device_memory=2 * GiB), gen, prm, host_available=free).kv_bytes \
         == int(2 * GiB * 0.9) - fixed  # a budget that fits is kept as given
+    # A budget beyond all of a device's memory (a GPU's total once the runtime holds it).
+    with pytest.raises(ConfigError, match="--device-memory 100.00 GiB is more than the device has in all"):
+        plan_memory(MemoryConfig(device_memory=100 * GiB), gen, prm, device_total=80 * GiB)
+    assert plan_memory(MemoryConfig(device_memory=80 * GiB), gen, prm, device_total=80 * GiB).budget_bytes == 80 * GiB
     # The runtime reads what this machine has free.
     with pytest.raises(ConfigError, match="of memory free; pass --device-memory"):
         Runtime(generator_model, prm_model, MemoryConfig(device_memory=1 << 50), CONFIG, profiles=profiles)

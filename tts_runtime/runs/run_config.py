@@ -12,10 +12,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from memory.split import MemoryConfig
+from memory.split import MemoryConfig, check_budget_within
 from search.config import SearchConfig
 from tts_runtime.cohost.runtime import check_backend, check_cohost, check_host_tier, check_parallel
 from tts_runtime.config import ConfigError, EngineConfig, ModelSpec, resolve_device, resolve_dtype
+from tts_runtime.executor.device_memory import device_memory_info
+from tts_runtime.executor.sim import is_sim_device
 from tts_runtime.models.registry import DEFAULT_GENERATOR, DEFAULT_PRM
 from tts_runtime.options import option, option_fields, option_values
 from tts_runtime.runs.datasets import DatasetConfig
@@ -79,6 +81,9 @@ class RunConfig:
             raise ConfigError("--resume needs --out: the run folder to continue")
         device = resolve_device(self.engine.device)
         resolve_dtype(self.models.dtype, device)
+        if device.type == "cpu" and not is_sim_device(self.engine.device):
+            # Before loading (a GPU's total is checked once the runtime holds the device).
+            check_budget_within(self.memory.device_memory, device_memory_info(device).total, "this machine")
         if self.backend != "native" and self.scale.scale_out(self.engine.device) is not None:
             raise ConfigError("--backend vllm runs in this process; Ray replicas (--replicas, --ray-address) "
                               "serve the native engine")
