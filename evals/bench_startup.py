@@ -103,7 +103,7 @@ def bench_startup(bench: StartupBench, *, command: Sequence[str], log: Callable[
                     f"{measured.problems_per_min:.2f} problems/min, peak {measured.peak_rss_gib:.2f} GiB")
     summary = _summary(runs)
     return write_report(bench.stem, "Start-up and the main job: the KV cache zeroed lazily vs eagerly",
-                        " ".join(command), summary, table, _notes(bench, runs, summary))
+                        " ".join(command), summary, table, _notes(bench, summary))
 
 
 def _summary(runs: dict[str, list[Measured]]) -> dict[str, Any]:
@@ -116,7 +116,7 @@ def _summary(runs: dict[str, list[Measured]]) -> dict[str, Any]:
                                 for run in measured)}
 
 
-def _notes(bench: StartupBench, runs: dict[str, list[Measured]], summary: dict[str, Any]) -> list[str]:
+def _notes(bench: StartupBench, summary: dict[str, Any]) -> list[str]:
     search = bench.run.search
     eager, lazy = summary["medians"]["eager"], summary["medians"]["lazy"]
     return [

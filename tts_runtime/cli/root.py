@@ -16,8 +16,9 @@ from tts_runtime.cli.bench import bench_app
 from tts_runtime.cli.common import OneLineUsageErrors
 from tts_runtime.cli.models import models_app
 
-app = typer.Typer(name="tts", cls=OneLineUsageErrors, help="Test-time-compute search: PRM-guided beam search, best-of-N, DVTS.",
-                  no_args_is_help=True, add_completion=False, pretty_exceptions_show_locals=False)
+app = typer.Typer(name="tts", help="Test-time-compute search: PRM-guided beam search, best-of-N, DVTS.",
+                  cls=OneLineUsageErrors, no_args_is_help=True, add_completion=False,
+                  pretty_exceptions_show_locals=False)
 app.add_typer(models_app, name="models")
 app.add_typer(bench_app, name="bench")
 search_commands.register(app)
