@@ -117,9 +117,16 @@ def test_cross_part_checks_live_in_validate():
                               ({"backend": "vllm", "replicas": 2}, "--backend vllm"),
                               ({"host_kv_memory": "1GiB", "overlap": True}, "--host-kv-memory needs the KV cache"),
                               ({"dtype": "int4"}, "unknown dtype 'int4'"),
-                              ({"device": "tpu"}, "unknown device 'tpu'")]:
+                              ({"device": "tpu"}, "unknown device 'tpu'"),
+                              ({"device": "cpu", "device_memory": "100000GiB"},
+                               "is more than this machine has in all")]:
         with pytest.raises(ConfigError, match=fragment):
             with_options(RunConfig(), options).validate()
+    # A Ray cluster's replicas run on its nodes, whose memory is not this machine's to judge;
+    # the simulated device's KV is a model's, not memory.
+    for options in ({"device": "cpu", "device_memory": "100000GiB", "ray_address": "head:6379"},
+                    {"device": "sim", "device_memory": "100000GiB"}):
+        with_options(RunConfig(), options).validate()
 
 
 @pytest.mark.slow

@@ -81,8 +81,9 @@ class RunConfig:
             raise ConfigError("--resume needs --out: the run folder to continue")
         device = resolve_device(self.engine.device)
         resolve_dtype(self.models.dtype, device)
-        if device.type == "cpu" and not is_sim_device(self.engine.device):
-            # Before loading (a GPU's total is checked once the runtime holds the device).
+        if device.type == "cpu" and not is_sim_device(self.engine.device) and self.scale.ray_address is None:
+            # Before loading. A GPU's total is checked once the runtime holds the device, and a
+            # Ray cluster's replicas run on its nodes, whose memory this machine cannot see.
             check_budget_within(self.memory.device_memory, device_memory_info(device).total, "this machine")
         if self.backend != "native" and self.scale.scale_out(self.engine.device) is not None:
             raise ConfigError("--backend vllm runs in this process; Ray replicas (--replicas, --ray-address) "
