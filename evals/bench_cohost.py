@@ -31,7 +31,7 @@ from search.config import SearchConfig
 from search.driver import run_search
 from search.problem import Problem
 from tts_runtime.cohost.overlap import worker_threads
-from tts_runtime.cohost.runtime import Runtime
+from tts_runtime.cohost.runtime import Runtime, device_total
 from tts_runtime.config import CacheConfig, CohostConfig, EngineConfig, SchedulerConfig
 from tts_runtime.engine.forward_costs import widest_forward_seconds
 from tts_runtime.models.loader import LoadedModel
@@ -148,11 +148,13 @@ def bench_cohost(bench: CohostBench, *, command: Sequence[str], log: Callable[[s
     side.run({label: variant(label) for label in bench.variants}, bench.rounds)
     rows = [_row(side, label, len(problems), device) for label in bench.variants]
     ceilings = speedup_ceilings({row["variant"]: row for row in rows}, cores_split=device.type == "cpu")
+    fits = side.runs[BASELINE][0]["forward_costs"]
+    total = device_total(str(device))  # for `--device sim:REPORT`, a simulated device of this card's memory
     summary = {"problems": len(problems), "rounds": bench.rounds, "search": bench.config.to_dict(),
                "thresholds": vars(bench.thresholds), "device": str(device),
                "torch_threads": torch.get_num_threads(), "dtype": dtype,
                "linear_backend": bench.linear_backend, "ceilings": ceilings,
-               "alternate_forward_costs": side.runs[BASELINE][0]["forward_costs"],
+               "alternate_forward_costs": fits if total is None else {**fits, "device_memory": total},
                **{f"speedup {row['variant']}": row["speedup"] for row in rows if row["variant"] != BASELINE}}
     config = bench.config
     notes = [f"{len(problems)} MATH-500 problems, beam search n={config.n} M={config.beam_width}, "
@@ -181,7 +183,7 @@ def bench_cohost(bench: CohostBench, *, command: Sequence[str], log: Callable[[s
              f"water {bench.thresholds.generator_low_water}, generator buffer "
              f"{bench.thresholds.generator_buffer_seqs} sequences.",
              "The machine may be shared with other work: ratios from alternating rounds, not absolute times, "
-             "are the result.", *_ceiling_notes(ceilings), _forward_cost_note(summary["alternate_forward_costs"])]
+             "are the result.", *_ceiling_notes(ceilings), _forward_cost_note(fits)]
     return write_report("cohost", "Co-hosting the pair: phase policy and overlapped generator + PRM",
                         " ".join(command), summary, rows, notes)
 

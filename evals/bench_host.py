@@ -49,13 +49,11 @@ from tts_runtime.config import (CacheConfig, CohostConfig, EngineConfig, Schedul
                                 resolve_dtype)
 from tts_runtime.engine.host_times import PHASES
 from tts_runtime.executor.sim import shared_device
+from tts_runtime.executor.sim_costs import H100_MEMORY
 from tts_runtime.models.loader import LoadedModel, load_model
 from tts_runtime.runs.datasets import DatasetConfig, load_problems
 from tts_runtime.models.registry import DEFAULT_GENERATOR, DEFAULT_PRM
 from tts_runtime.options import comma_list, option
-
-# The H100 run's plan (docs/benchmarks/cohost_gpu.md): its measured budget, static split.
-H100_BUDGET = 85_520_809_984
 
 
 @dataclass
@@ -69,7 +67,7 @@ class HostBench:
     prm: str = DEFAULT_PRM
     config: SearchConfig = field(default_factory=SearchConfig)
     # The H100 run's plan: the default static split.
-    memory: MemoryConfig = field(default_factory=lambda: MemoryConfig(device_memory=H100_BUDGET))
+    memory: MemoryConfig = field(default_factory=lambda: MemoryConfig(device_memory=H100_MEMORY))
     phase_policy: str = "batched"
     # Variants run side by side, alternating, `rounds` times: the driver hidden behind the
     # forwards (CohostConfig.hide_driver) off and/or on, async scheduling

@@ -19,7 +19,7 @@ from tts_runtime.engine.request import SamplingParams
 from tts_runtime.executor.batch import ModelInput
 from tts_runtime.executor.sampler import SamplingRow
 from tts_runtime.executor.sim import SimDevice, SimExecutor
-from tts_runtime.executor.sim_costs import SimCost, SimCosts
+from tts_runtime.executor.sim_costs import H100_MEMORY, SimCost, SimCosts
 from tts_runtime.executor.sim_profile import load_profile
 from tts_runtime.executor.sim_tokens import ProfileTokens, ReplayTokens
 
@@ -223,6 +223,11 @@ def test_sim_file_reads_a_bench_fit(tmp_path):
     path.write_text(json.dumps(report))
     costs = sim_costs_for(f"sim:{path}")
     assert costs.generator == SimCost(0.002, 1e-5, 0.0) and costs.prm == SimCost(0.01, 0.0, 2e-6)
+    assert costs.device_memory == H100_MEMORY == sim_costs_for("sim").device_memory
+    # A fit from another card carries its memory (an H200's NVML total).
+    report["summary"]["alternate_forward_costs"]["device_memory"] = 150_754_820_096
+    path.write_text(json.dumps(report))
+    assert sim_costs_for(f"sim:{path}").device_memory == 150_754_820_096
 
 
 @pytest.mark.parametrize("text, fragment", [
@@ -230,6 +235,7 @@ def test_sim_file_reads_a_bench_fit(tmp_path):
     ('{"generator": {"fixed_seconds": 0.1}}', "needs 'generator' and 'prm' fits"),
     ('{"generator": {"fixed_seconds": "x"}, "prm": {}}', "could not convert string to float"),
     ("{not json", "Expecting property name"),
+    ('{"generator": {}, "prm": {}, "device_memory": "80GB"}', "invalid literal for int"),
 ])
 def test_a_bad_sim_file_is_a_config_error_naming_it(tmp_path, text, fragment):
     from tts_runtime.executor.sim import sim_costs_for

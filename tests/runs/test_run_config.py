@@ -119,13 +119,16 @@ def test_cross_part_checks_live_in_validate():
                               ({"dtype": "int4"}, "unknown dtype 'int4'"),
                               ({"device": "tpu"}, "unknown device 'tpu'"),
                               ({"device": "cpu", "device_memory": "100000GiB"},
-                               "is more than this machine has in all")]:
+                               "is more than this machine has in all"),
+                              # Its KV is a model's, but terabytes of it would be billions of blocks.
+                              ({"device": "sim", "device_memory": "100000GiB"},
+                               r"is more than the simulated device has in all \(79.65 GiB\)")]:
         with pytest.raises(ConfigError, match=fragment):
             with_options(RunConfig(), options).validate()
     # A Ray cluster's replicas run on its nodes, whose memory is not this machine's to judge;
-    # the simulated device's KV is a model's, not memory.
+    # the simulated device's is its own, not this machine's.
     for options in ({"device": "cpu", "device_memory": "100000GiB", "ray_address": "head:6379"},
-                    {"device": "sim", "device_memory": "100000GiB"}):
+                    {"device": "sim", "device_memory": "79GiB"}):
         with_options(RunConfig(), options).validate()
 
 

@@ -23,5 +23,5 @@ def profile_plan(generator: str, prm: str, dtype: str, device: str, memory: Memo
     prm_loaded = load_model(prm, torch_dtype, dev)
     profiles = profile_models(gen_loaded, prm_loaded, config)
     size = element_size(torch_dtype)
-    return plan_memory(memory, *profiles, device_total=device_total(dev), element_sizes=(size, size),
+    return plan_memory(memory, *profiles, device_total=device_total(device), element_sizes=(size, size),
                        host_available=host_available(device))

@@ -43,7 +43,7 @@ from tts_runtime.executor.kv_cache import KVAllocation, bytes_per_block, element
 from tts_runtime.executor.layer_ops import packed_weight_bytes, resolved_linear_backend
 from tts_runtime.executor.pipeline.pipeline import PipelineGroup, StageModel
 from tts_runtime.executor.profiling_forward import EngineRole, profile_tokens, profiling_forward
-from tts_runtime.executor.sim import is_sim_device
+from tts_runtime.executor.sim import is_sim_device, sim_costs_for
 from tts_runtime.models.loader import LoadedModel, load_model
 from tts_runtime.paths import cache_root
 
@@ -92,9 +92,13 @@ def profile_one(loaded: LoadedModel, role: EngineRole, config: EngineConfig,
     return profile
 
 
-def device_total(device: torch.device) -> int | None:
-    """The GPU's total memory (NVML); None on CPU, where the user sets the budget."""
-    return device_memory_info(device).total if device.type == "cuda" else None
+def device_total(device: str) -> int | None:
+    """The GPU's total memory (NVML), the simulated device's (its cost file's); None on CPU,
+    where the user sets the budget."""
+    if is_sim_device(device):
+        return sim_costs_for(device).device_memory
+    resolved = resolve_device(device)
+    return device_memory_info(resolved).total if resolved.type == "cuda" else None
 
 
 def host_available(device: str) -> int | None:
@@ -182,7 +186,7 @@ class Runtime:
         self.profiles = profiles or profile_models(gen_loaded, prm_loaded, self.engine_config)
         dtypes = (gen_loaded.dtype, prm_loaded.dtype)
         self.plan: MemoryPlan = plan_memory(
-            self.memory, *self.profiles, device_total=device_total(dev), workload=workload,
+            self.memory, *self.profiles, device_total=device_total(self.engine_config.device), workload=workload,
             element_sizes=(element_size(dtypes[0]), element_size(dtypes[1])),
             host_available=host_available(self.engine_config.device))
         self.pool: ElasticKVPool | None = None
@@ -197,7 +201,10 @@ class Runtime:
             if dtypes[0] != dtypes[1]:
                 raise ConfigError(f"elastic memory needs both models in one dtype (generator {dtypes[0]}, "
                                   f"PRM {dtypes[1]}): a shared chunk is read in either; set --dtype")
-            self.pool = ElasticKVPool.split(self.plan.chunks, GENERATOR, PRM, self.plan.prm_chunks, dev,
+            # The simulated device's forwards read no KV: its pool is bookkeeping over a buffer
+            # with no storage, as large as the simulated card.
+            kv_device = torch.device("meta") if is_sim_device(self.engine_config.device) else dev
+            self.pool = ElasticKVPool.split(self.plan.chunks, GENERATOR, PRM, self.plan.prm_chunks, kv_device,
                                             self.engine_config.cache.lazy_kv_zeroing)
             self.generator = Engine(gen_spec, self.engine_config, loaded=gen_loaded,
                                     kv=self._shared_kv(GENERATOR, gen_loaded, dtypes[0]))

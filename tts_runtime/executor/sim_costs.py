@@ -12,6 +12,10 @@ forwards replay CUDA graphs, forwards with a prefill chunk run eagerly (~13 ms o
 like the PRM's fixed cost), and the linear fit has no term for "has a prefill", so it loads
 that onto the few prefill tokens such forwards carry (~40 per step). Pass `sim:FILE` with
 `prefill_fixed_seconds` to model it as a fixed cost instead.
+
+The simulated device has the H100's memory (NVML's total for the 80 GB card) unless the file
+gives `device_memory`: its KV is a block manager's count, not memory, but a budget beyond any
+card is a typo, and one of terabytes would have the block managers list billions of blocks.
 """
 
 from __future__ import annotations
@@ -21,6 +25,8 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 
 from tts_runtime.executor.batch import ModelInput
+
+H100_MEMORY = 85_520_809_984
 
 
 @dataclass(frozen=True)
@@ -56,6 +62,7 @@ class SimCosts:
 
     generator: SimCost = SimCost(1.2548734663061743e-3, 5.0351309669202085e-5, 3.60639435108232e-4)
     prm: SimCost = SimCost(1.3495509645995857e-2, 0.0, 1.7214543046525718e-6)
+    device_memory: int = H100_MEMORY
 
     def seconds(self, batch: ModelInput) -> float:
         scores_only = bool(batch.score_rows) and batch.sample_rows.numel() == 0
@@ -63,12 +70,14 @@ class SimCosts:
 
     @classmethod
     def from_file(cls, path: Path) -> SimCosts:
-        """A fit JSON: {"generator": {...}, "prm": {...}}, or a report holding one under
-        summary.alternate_forward_costs (what `tts bench cohost` writes on a real device)."""
+        """A fit JSON: {"generator": {...}, "prm": {...}, optionally "device_memory": bytes}, or
+        a report holding one under summary.alternate_forward_costs (what `tts bench cohost`
+        writes on a real device)."""
         data = json.loads(Path(path).read_text())
         summary = data.get("summary") if isinstance(data, dict) else None
         if isinstance(summary, dict) and "alternate_forward_costs" in summary:
             data = summary["alternate_forward_costs"]
         if not (isinstance(data, dict) and isinstance(data.get("generator"), dict) and isinstance(data.get("prm"), dict)):
             raise ValueError(f"{path}: a sim cost file needs 'generator' and 'prm' fits")
-        return cls(SimCost.of(data["generator"]), SimCost.of(data["prm"]))
+        return cls(SimCost.of(data["generator"]), SimCost.of(data["prm"]),
+                   int(data.get("device_memory", H100_MEMORY)))

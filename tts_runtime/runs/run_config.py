@@ -17,7 +17,7 @@ from search.config import SearchConfig
 from tts_runtime.cohost.runtime import check_backend, check_cohost, check_host_tier, check_parallel
 from tts_runtime.config import ConfigError, EngineConfig, ModelSpec, resolve_device, resolve_dtype
 from tts_runtime.executor.device_memory import device_memory_info
-from tts_runtime.executor.sim import is_sim_device
+from tts_runtime.executor.sim import is_sim_device, sim_costs_for
 from tts_runtime.models.registry import DEFAULT_GENERATOR, DEFAULT_PRM
 from tts_runtime.options import option, option_fields, option_values
 from tts_runtime.runs.datasets import DatasetConfig
@@ -81,9 +81,12 @@ class RunConfig:
             raise ConfigError("--resume needs --out: the run folder to continue")
         device = resolve_device(self.engine.device)
         resolve_dtype(self.models.dtype, device)
-        if device.type == "cpu" and not is_sim_device(self.engine.device) and self.scale.ray_address is None:
-            # Before loading. A GPU's total is checked once the runtime holds the device, and a
-            # Ray cluster's replicas run on its nodes, whose memory this machine cannot see.
+        # Before loading. A GPU's total is checked once the runtime holds the device, and a
+        # Ray cluster's replicas run on its nodes, whose memory this machine cannot see.
+        if is_sim_device(self.engine.device):
+            check_budget_within(self.memory.device_memory, sim_costs_for(self.engine.device).device_memory,
+                                "the simulated device")
+        elif device.type == "cpu" and self.scale.ray_address is None:
             check_budget_within(self.memory.device_memory, device_memory_info(device).total, "this machine")
         if self.backend != "native" and self.scale.scale_out(self.engine.device) is not None:
             raise ConfigError("--backend vllm runs in this process; Ray replicas (--replicas, --ray-address) "
