@@ -26,6 +26,7 @@ the small protocol below, so it imports nothing from the engine.
 from __future__ import annotations
 
 import math
+from collections import Counter
 from dataclasses import asdict, dataclass, field
 from typing import Iterable, Protocol
 
@@ -114,6 +115,9 @@ class ElasticKVPool:
             raise ValueError("one owner per chunk")
         self.buffer = zeroed_buffer(self.layout.num_chunks * self.layout.chunk_bytes, self.device, self.lazy_zeroing)
         self._pools: dict[str, BlockPool] = {}
+        # The policy asks every step how much each model owns: a count kept as chunks move,
+        # not a scan of `owners` (an 80 GB budget is ~10^5 chunks).
+        self._chunk_counts = Counter(self.owners)
 
     @classmethod
     def split(cls, layout: ChunkLayout, first: str, second: str, second_chunks: int,
@@ -133,7 +137,7 @@ class ElasticKVPool:
         return [c for c, owner in enumerate(self.owners) if owner == member]
 
     def num_blocks_of(self, member: str) -> int:
-        return len(self.chunks_of(member)) * self.layout.members[member].blocks_per_chunk
+        return self._chunk_counts[member] * self.layout.members[member].blocks_per_chunk
 
     # -- moving chunks ---------------------------------------------------------------
     def movable_chunks(self, member: str, allow_cached: bool = True) -> list[int]:
@@ -165,6 +169,8 @@ class ElasticKVPool:
             self.buffer[start:start + self.layout.chunk_bytes].zero_()
             self._pools[receiver].add_blocks(self.layout.blocks_of(receiver, chunk))
             self.owners[chunk] = receiver
+            self._chunk_counts[donor] -= 1
+            self._chunk_counts[receiver] += 1
         record = ChunkMove(step, donor, receiver, chunks, evicted, reason)
         self.moves.append(record)
         return record

@@ -161,6 +161,7 @@ def test_pool_moves_free_chunks_uncached_first_and_never_a_block_in_use():
     move = pool.move("b", "a", 2, step=5, reason="test")
     assert move.chunks == (3,) and move.evicted_blocks == 0
     assert pool.owners == ["a", "a", "b", "a"] and a.num_usable_blocks == 6 and b.num_usable_blocks == 3
+    assert (pool.num_blocks_of("a"), pool.num_blocks_of("b")) == (6, 3)  # the policy's count follows the move
     assert torch.all(pool.buffer[3 * 96:] == 0) and torch.all(pool.buffer[2 * 96:3 * 96] == 7)
     with pytest.raises(ValueError, match="in use"):
         b.remove_free_blocks(held)
@@ -170,7 +171,7 @@ def test_pool_moves_free_chunks_uncached_first_and_never_a_block_in_use():
     b.listeners.append(events.append)
     move = pool.move("b", "a", 1, step=6, reason="test")  # chunk 2 is free now; its cached block is evicted
     assert move.chunks == (2,) and move.evicted_blocks == 1
-    assert [e.kind for e in events] == ["evict"] and b.num_usable_blocks == 0
+    assert [e.kind for e in events] == ["evict"] and b.num_usable_blocks == 0 == pool.num_blocks_of("b")
     assert pool.move("b", "a", 1, step=7, reason="test") is None  # nothing left to give
     assert a.allocate(8) == [0, 1, 2, 3, 4, 5, 6, 7]  # a got the ids of both chunks in its view
 
