@@ -6,6 +6,7 @@ import asyncio
 import math
 import os
 import sys
+from dataclasses import replace
 
 import pytest
 import torch
@@ -281,7 +282,9 @@ def test_waiting_blocks_count_a_shared_prefix_block_once():
 # -- the elastic policy on scripted pressure -------------------------------------------
 def _pressure(owned: int, *, work: bool = True, free: int = 0, waiting: int = 0, progress: int = 1,
               preemptions: int = 0, stalls: int = 0, thrash: int = 0) -> Pressure:
-    return Pressure(work, owned, free, waiting, progress, preemptions, stalls, thrash)
+    return Pressure(has_work=work, owned_blocks=owned, free_blocks=free, blocks_to_progress=progress,
+                    preemptions=preemptions, admission_stalls=stalls, count_waiting_blocks=lambda: waiting,
+                    thrash_events=thrash)
 
 
 def _policy() -> tuple[ElasticPolicy, ElasticKVPool, BlockManager, BlockManager]:
@@ -322,6 +325,23 @@ def test_policy_gives_a_starved_model_the_donors_unused_chunks_only():
                       "b": _pressure(3, free=3, work=False)}, 2, {})
     assert [(m.receiver, m.chunks, m.evicted_blocks) for m in pool.moves[1:]] == [("a", (2,), 1)]
     assert "cached ones included" in pool.moves[1].reason
+
+
+def test_policy_counts_waiting_blocks_only_when_it_would_move_memory():
+    """The count walks every waiting sequence's blocks: a step that moves nothing skips it."""
+    def uncounted() -> int:
+        raise AssertionError("waiting blocks counted on a step that moves nothing")
+
+    policy, pool, _, _ = _policy()
+    calm = {name: replace(_pressure(owned, free=owned), count_waiting_blocks=uncounted)
+            for name, owned in (("a", 4), ("b", 6))}
+    for step in range(3):
+        assert policy.rebalance(calm, step, {}) == {"a", "b"}
+    counted = []
+    starved = {"a": replace(_pressure(4, free=1, preemptions=1), count_waiting_blocks=lambda: counted.append(1) or 5),
+               "b": _pressure(6, free=6, work=False)}
+    policy.rebalance(starved, 3, {})
+    assert len(counted) == 1 and pool.num_blocks_of("a") == 8  # read twice (deficit, reason), counted once
 
 
 def test_policy_moves_on_thrash_only_while_the_receiver_loses_clearly_more():

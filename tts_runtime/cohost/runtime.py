@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, fields, replace
 
 import torch
 
@@ -379,7 +379,9 @@ class Runtime:
         return CohostCounters(self.transitions, EngineCounters.read(self.generator), EngineCounters.read(self.prm))
 
     def _pressure(self, name: str) -> Pressure:
-        return Pressure(**asdict(self.engines[name].pressure()), thrash_events=self.trackers[name].thrash_events)
+        engine = self.engines[name].pressure()  # shallow: its waiting count is taken when read
+        return Pressure(**{f.name: getattr(engine, f.name) for f in fields(engine)},
+                        thrash_events=self.trackers[name].thrash_events)
 
     def _pressures(self) -> dict[str, Pressure]:
         return {name: self._pressure(name) for name in self.engines}
