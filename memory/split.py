@@ -34,7 +34,8 @@ _AUTO_BOUNDS = (0.05, 0.95)
 @dataclass(frozen=True)
 class MemoryConfig:
     device_memory: int | None = option(None, "Memory budget for both models, e.g. 6GiB (default: the GPU's or "
-                                       "the simulated device's, 8GiB on CPU, less where less is free).", parse=parse_optional_size)
+                                       "the simulated device's, 8GiB on CPU, less where less is free).",
+                                       parse=parse_optional_size)
     utilization: float = option(0.9, "Share of the budget the runtime may use.", panel="Memory",
                                 flag="memory_utilization")
     policy: str = option("static", "static, auto (split from the profiles and the workload) or elastic (one KV "
