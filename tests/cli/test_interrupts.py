@@ -7,6 +7,7 @@ from __future__ import annotations
 import signal
 import subprocess
 import sys
+import textwrap
 import time
 
 import pytest
@@ -48,3 +49,59 @@ def test_ctrl_c_while_loading_the_models_is_one_line(math500_path, tmp_path):
     lines = _interrupted(process)
     assert lines[-1] == "interrupted while loading the models; nothing was searched", lines
     assert not (tmp_path / "run").exists()  # a new run with nothing in it: the same command starts anew
+
+
+
+_COMMANDS_WHOSE_CTRL_C_A_LIBRARY_TAKES = textwrap.dedent("""
+    import signal, sys, time
+    import typer
+    from tts_runtime.cli.common import command
+    from tts_runtime.cli.ctrl_c import handle_ctrl_c_while_starting, stop_if_ctrl_c_was_swallowed
+
+    app = typer.Typer()
+
+    class PressesCtrlC:
+        def __del__(self):
+            signal.raise_signal(signal.SIGINT)  # the handler runs here, inside the finalizer
+
+    class Finalized:
+        def __del__(self):
+            sum(range(10))
+
+    @command(app, "finalizer")
+    def finalizer() -> None:
+        freed = [PressesCtrlC(), Finalized(), Finalized()]  # the ones after it run Python code too
+        del freed
+        time.sleep(600)  # woken by the interrupt
+        print("went on", file=sys.stderr)
+
+    @command(app, "converted")
+    def converted() -> None:
+        try:
+            signal.raise_signal(signal.SIGINT)
+        except KeyboardInterrupt:  # what torch did under safetensors' reader
+            raise ValueError("could not determine the shape of object type") from None
+
+    @command(app, "swallowed")
+    def swallowed() -> None:
+        try:
+            signal.raise_signal(signal.SIGINT)
+        except BaseException:
+            pass
+        stop_if_ctrl_c_was_swallowed()
+        print("went on", file=sys.stderr)
+
+    handle_ctrl_c_while_starting()
+    app()
+""")
+
+
+@pytest.mark.parametrize("taken", ["finalizer", "converted", "swallowed"])
+def test_ctrl_c_a_library_takes_still_interrupts_the_command(taken):
+    """Python drops an exception raised in `__del__` (a Ctrl-C in regex's finalizer while
+    transformers loads), torch turned one into a ValueError under safetensors' reader, and code
+    may swallow one: each still ends the command with one line and exit 130."""
+    process = subprocess.run([sys.executable, "-c", _COMMANDS_WHOSE_CTRL_C_A_LIBRARY_TAKES, taken],
+                             capture_output=True, text=True, timeout=60, preexec_fn=default_sigint)
+    assert process.returncode == 130, process.stderr
+    assert process.stderr.strip().splitlines() == ["interrupted"], process.stderr

@@ -1,14 +1,14 @@
 """The `tts` command line (tts_runtime/cli/root.py builds it).
 
 `main` is the console script: Ctrl-C before a command's own code runs is one line and exit
-130 (cli/starting.py).
+130 (cli/ctrl_c.py).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from tts_runtime.cli.starting import handle_ctrl_c_while_starting
+from tts_runtime.cli.ctrl_c import handle_ctrl_c_while_starting
 
 
 def main() -> None:

@@ -12,7 +12,7 @@ import typer
 from rich.console import Console
 from typer.core import TyperGroup
 
-from tts_runtime.cli.starting import command_started
+from tts_runtime.cli.ctrl_c import command_started, interrupted_by
 from tts_runtime.config import ConfigError
 from tts_runtime.executor.pipeline.pipeline import PipelineFailure
 
@@ -27,15 +27,19 @@ def command(parent: typer.Typer, name: str, **options: Any) -> Callable[[Callabl
             command_started()
             try:
                 return fn(*args, **kwargs)
-            except ConfigError as exc:
-                typer.echo(f"error: {' '.join(str(exc).split())}", err=True)
-                raise typer.Exit(2) from None
-            except PipelineFailure as exc:  # the first line names the stage; a traceback may follow
-                typer.echo(f"error: {str(exc).splitlines()[0]}", err=True)
-                raise typer.Exit(1) from None
-            except KeyboardInterrupt:  # a search keeps its results and says so itself; this is the rest
-                typer.echo("interrupted", err=True)
-                raise typer.Exit(130) from None
+            except typer.Exit:  # the command said itself how it ended (a search: what it kept)
+                raise
+            except (Exception, KeyboardInterrupt) as exc:
+                if interrupted_by(exc):  # before the rest: a Ctrl-C turned into an error is no error
+                    typer.echo("interrupted", err=True)
+                    raise typer.Exit(130) from None
+                if isinstance(exc, ConfigError):
+                    typer.echo(f"error: {' '.join(str(exc).split())}", err=True)
+                    raise typer.Exit(2) from None
+                if isinstance(exc, PipelineFailure):  # the first line names the stage; a traceback may follow
+                    typer.echo(f"error: {str(exc).splitlines()[0]}", err=True)
+                    raise typer.Exit(1) from None
+                raise
         parent.command(name, **options)(run)
         return fn
     return register

@@ -19,6 +19,7 @@ from rich.text import Text
 from search.progress import SearchProgress
 from search.results import FailedProblem
 from tts_runtime.cli.common import console
+from tts_runtime.cli.ctrl_c import interrupted_by, stop_if_ctrl_c_was_swallowed
 from tts_runtime.cli.options import config_command
 from tts_runtime.cohost.runtime import Runtime
 from tts_runtime.config import ConfigError
@@ -76,7 +77,10 @@ def _search_into(run: RunConfig, problems: list, folder: RunFolder) -> None:
     console.print(f"loading {generator.model} + {prm.model} ...")
     try:
         runtime = Runtime(generator, prm, memory=run.memory, engine_config=run.engine, backend=run.backend)
-    except KeyboardInterrupt:
+        stop_if_ctrl_c_was_swallowed()
+    except (Exception, KeyboardInterrupt) as exc:
+        if not interrupted_by(exc):
+            raise
         kept = "" if folder.abandon_if_empty() else f" ({folder.path})"
         console.print(f"interrupted while loading the models; nothing was searched{kept}", soft_wrap=True,
                       markup=False)
@@ -87,7 +91,10 @@ def _search_into(run: RunConfig, problems: list, folder: RunFolder) -> None:
         with _SearchProgress(lambda: runtime.generator.stats.generated_tokens, todo, live.iteration) as progress:
             outcome = run_into_folder(runtime, problems, run.search, folder, on_result=progress.advance,
                                       progress=live)
-    except KeyboardInterrupt:
+        stop_if_ctrl_c_was_swallowed()
+    except (Exception, KeyboardInterrupt) as exc:
+        if not interrupted_by(exc):
+            raise
         _interrupted(folder)
     finally:
         runtime.shutdown()
@@ -129,7 +136,10 @@ def _run_scaled_command(run: RunConfig, problems: list, spec: ReplicaSpec, folde
 
         try:
             outcome = run_scaled(spec, problems, run.search, folder, scale, on_start=started, on_result=landed)
-        except KeyboardInterrupt:
+            stop_if_ctrl_c_was_swallowed()
+        except (Exception, KeyboardInterrupt) as exc:
+            if not interrupted_by(exc):
+                raise
             _interrupted(folder)
     scaleout = outcome.metrics["scaleout"]
     _print_failures(outcome.failed)
@@ -192,6 +202,7 @@ class _SearchProgress:
         self.task = self.bar.add_task("search", total=total, accuracy="-")
 
     def advance(self, result) -> None:
+        stop_if_ctrl_c_was_swallowed()  # a problem's search that took the Ctrl-C as its failure
         self.done += 1
         self.correct += bool(result.correct)
         self.bar.update(self.task, advance=1, accuracy=f"{self.correct / self.done:.1%}")
