@@ -354,7 +354,8 @@ def resolve_device(device: str) -> torch.device:
     if device == "sim" or device.startswith("sim:"):  # a simulated device: the host side is the CPU's
         costs = device[len("sim:"):]
         if device.startswith("sim:") and not os.path.isfile(costs):
-            raise ConfigError(f"--device {device}: no such cost file '{costs}'; pass sim for the H100 defaults or "
+            what = "is not a file" if os.path.exists(costs) else "does not exist"
+            raise ConfigError(f"--device {device}: the cost file '{costs}' {what}; pass sim for the H100 defaults or "
                               "sim:FILE with a fit written by `tts bench cohost` on a real device")
         return torch.device("cpu")
     try:

@@ -248,8 +248,10 @@ def test_a_bad_sim_file_is_a_config_error_naming_it(tmp_path, text, fragment):
 
 
 def test_a_missing_sim_file_is_refused_before_anything_loads(tmp_path):
-    with pytest.raises(ConfigError, match="no such cost file"):
+    with pytest.raises(ConfigError, match="cost file .* does not exist"):
         resolve_device(f"sim:{tmp_path / 'none.json'}")
+    with pytest.raises(ConfigError, match="cost file .* is not a file"):
+        resolve_device(f"sim:{tmp_path}")
     assert resolve_device("sim") == torch.device("cpu")
 
 
