@@ -47,7 +47,7 @@ demo: setup
 
 # The CPU-kernel tests again as a CPU without AVX-512 sees them (AVX2 + FMA, x86-64-v3: AMD
 # Zen 1-3, most Intel client CPUs), on any x86-64-v3 CPU: tts's feature checks, torch's kernels
-# and oneDNN all stop at AVX2. About 1.5 min on 2 cores (79 passed, 62 skipped: duplicates and
+# and oneDNN all stop at AVX2. About 1.5 min on 2 cores (93 passed, 76 skipped: duplicates and
 # what needs AVX512-BF16).
 HAS_AVX2 := $(shell grep -qw avx2 /proc/cpuinfo 2>/dev/null && echo 1)
 AVX2_ENV := TTS_CPU_FEATURES=avx2 ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2
