@@ -69,6 +69,8 @@ def _raise_keyboard_interrupt(signum: int, frame: FrameType | None) -> None:
 
 def _redeliver_ctrl_c_from_finalizers(unraisable: sys.UnraisableHookArgs) -> None:
     if issubclass(unraisable.exc_type, KeyboardInterrupt):
+        if sys.is_finalizing():  # the process is ending anyway, and no thread can start now
+            return
         # Sent from another thread: sent from this one, the handler would run as soon as the call
         # returned, still inside the hook. The main thread (the only one a KeyboardInterrupt is
         # raised in) takes it at its next check, after this finalizer (or inside the next one,
