@@ -77,7 +77,6 @@ def _search_into(run: RunConfig, problems: list, folder: RunFolder) -> None:
     console.print(f"loading {generator.model} + {prm.model} ...")
     try:
         runtime = Runtime(generator, prm, memory=run.memory, engine_config=run.engine, backend=run.backend)
-        stop_if_ctrl_c_was_swallowed()
     except (Exception, KeyboardInterrupt) as exc:
         if not interrupted_by(exc):
             raise
@@ -86,6 +85,7 @@ def _search_into(run: RunConfig, problems: list, folder: RunFolder) -> None:
                       markup=False)
         raise typer.Exit(130) from None
     try:
+        stop_if_ctrl_c_was_swallowed()  # while the models loaded: the runtime is shut down below
         live = SearchProgress()
         todo = len(split_finished(folder, problems)[1])
         with _SearchProgress(lambda: runtime.generator.stats.generated_tokens, todo, live.iteration) as progress:
