@@ -13,7 +13,8 @@ import pytest
 @pytest.mark.slow
 def test_bench_startup_runs_both_variants_as_real_commands(tmp_path, math500_path):
     command = [sys.executable, "-m", "tts_runtime.cli", "bench", "startup", "--dataset-path", str(math500_path),
-               "--limit", "1", "--num-iterations", "1", "--max-step-tokens", "8", "--device-memory", "5GiB",
+               "--limit", "1", "--num-iterations", "1", "--max-step-tokens", "8", "--max-tokens", "16",
+               "--device-memory", "5GiB",
                "--rounds", "1", "--stem", "startup_test"]
     # The report goes under docs/benchmarks/ of the working folder: here, the test's own.
     done = subprocess.run(command, capture_output=True, text=True, timeout=900, cwd=tmp_path, env=os.environ)
