@@ -161,6 +161,10 @@ def _warm_grader(problems: Sequence[Problem]) -> None:
         search.grading.canonical_answer(problem.answer)
 
 
+def _search_config(bench: HostBench, problem_batch: int) -> SearchConfig:
+    return SearchConfig(**{**bench.config.to_dict(), "problem_batch": problem_batch})
+
+
 def measure(bench: HostBench, models: tuple[LoadedModel, LoadedModel], problems: Sequence[Problem],
             problem_batch: int, hide_driver: bool, overlap: bool, async_scheduling: bool,
             partial_blocks: bool, low_water: int, freeze_heap: bool) -> dict[str, Any]:
@@ -171,7 +175,7 @@ def measure(bench: HostBench, models: tuple[LoadedModel, LoadedModel], problems:
                                  cache=CacheConfig(reuse_partial_blocks=partial_blocks),
                                  scheduler=SchedulerConfig(async_scheduling=async_scheduling))
     runtime = Runtime(*models, memory=bench.memory, engine_config=engine_config)
-    config = SearchConfig(**{**bench.config.to_dict(), "problem_batch": problem_batch})
+    config = _search_config(bench, problem_batch)
     device = shared_device(bench.device)
     stepping, grading, pauses = _Timed(), _Timed(), _GcPauses()
     # The parts of a runtime step (hide_driver calls them apart, `step` calls them all).
@@ -262,9 +266,11 @@ def _logged(log: Callable[[str], None], measure_one: Callable[[], dict]) -> Call
 
 def bench_host(bench: HostBench, command: str, log: Callable[[str], None] = print) -> dict:
     device = resolve_device(bench.device)
-    # Every selection before the models load: a bad --limits is one line, not a minute in.
+    # Every selection and batch before the models load: a bad --limits is one line, not a minute in.
     selections = {limit: load_problems(DatasetConfig(dataset_path=bench.dataset_path, limit=limit))
                   for limit in bench.limits}
+    for batch in bench.problem_batches:
+        _search_config(bench, batch)  # raises on a bad --problem-batches
     log(f"loading {bench.generator} + {bench.prm} ...")
     models = tuple(load_model(name, resolve_dtype("auto", device), device) for name in (bench.generator, bench.prm))
     measured, medians = [], []

@@ -21,6 +21,7 @@ from typer.testing import CliRunner
 from search.aggregate import aggregate
 from search.grading import majority_pick, weighted_pick
 from search.results import BeamResult, ProblemResult
+from tests.helpers import REPO_ROOT
 from tts_runtime import cpu_features
 from tts_runtime.cli import app
 from tts_runtime.config import ConfigError, resolve_dtype
@@ -70,6 +71,9 @@ def _one_line_error(result, fragment: str) -> None:
     (["bench", "cohost", "--variants", "alternate,nope"], "--variants takes a comma-separated list"),
     (["bench", "host", "--limits", "x"], "--limits takes a comma-separated list"),
     (["bench", "host", "--limits", "20,0"], "--limit must be >= 1, got 0"),
+    (["bench", "host", "--problem-batches", "16,0"], "problem batch must be >= 1, got 0"),
+    (["beam", "--config", str(REPO_ROOT / "recipes" / "Llama-3.2-1B-Instruct")],
+     "is a folder; pass one of its files: beam_search.yaml, best_of_n.yaml, dvts.yaml"),
     (["bench", "search", "--rounds", "0"], "--rounds must be >= 1, got 0"),
     (["bench", "engine", "--num-prompts", "0"], "--num-prompts must be >= 1, got 0"),
     (["bench", "gpu", "--search-limit", "-1"], "--search-limit must be >= 0, got -1"),

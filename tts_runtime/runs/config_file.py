@@ -41,6 +41,11 @@ def config_options(raw: dict[str, Any], source: Path) -> dict[str, Any]:
 
 
 def _load(path: Path) -> dict[str, Any]:
+    if path.is_dir():
+        # A recipes folder (ours or search-and-learn's) holds one file per method.
+        files = sorted(p.name for p in path.iterdir() if p.suffix in (".yaml", ".yml", ".json"))
+        raise ConfigError(f"--config {path} is a folder; pass one of its files"
+                          + (f": {', '.join(files)}" if files else " (it holds no .yaml or .json)"))
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
