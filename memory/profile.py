@@ -177,7 +177,12 @@ class ProfileCache:
 
 
 def format_bytes(n: int) -> str:
-    return f"{n / GiB:.2f} GiB" if abs(n) >= GiB else f"{n / MiB:.1f} MiB"
+    if abs(n) >= GiB:
+        return f"{n / GiB:.2f} GiB"
+    if abs(n) >= MiB:
+        return f"{n / MiB:.1f} MiB"
+    # Small sizes too ("--device-memory 1KiB" is not "0.0 MiB").
+    return f"{n / 1024:.1f} KiB" if abs(n) >= 1024 else f"{n} bytes"
 
 
 def size_option(n: int) -> str:

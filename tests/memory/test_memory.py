@@ -109,6 +109,10 @@ def test_bad_memory_input_is_a_clear_error(profiles):
     plan_memory(MemoryConfig(device_memory=minimum, policy="auto"), gen, prm)  # the minimum is enough
     with pytest.raises(ConfigError, match="the minimum is"):
         plan_memory(MemoryConfig(device_memory=minimum - 2), gen, prm)
+    with pytest.raises(ConfigError, match="device memory budget 1.0 KiB is below"):
+        plan_memory(MemoryConfig(device_memory=parse_size("1KiB")), gen, prm)
+    with pytest.raises(ConfigError, match="device memory budget 100 bytes is below"):
+        plan_memory(MemoryConfig(device_memory=100), gen, prm)
 
 
 
