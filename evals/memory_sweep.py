@@ -59,6 +59,7 @@ from tts_runtime.config import ConfigError, EngineConfig, resolve_device, resolv
 from tts_runtime.engine.engine import RequestError
 from tts_runtime.executor.device_memory import return_freed_host_memory
 from tts_runtime.models.loader import LoadedModel, load_model
+from tts_runtime.models.registry import require_tokenizers
 from tts_runtime.runs.datasets import Problem, load_problems
 from tts_runtime.runs.environment import machine_info
 from tts_runtime.options import option
@@ -580,6 +581,7 @@ def sweep_memory(run: RunConfig, plan: SweepPlan, echo: Callable[[str], None] = 
     if scale is not None:
         parallel = SweepParallel(scale, generator, prm, dtype)
     problems = load_problems(run.dataset)
+    require_tokenizers(generator, prm)
     phases = workload_phases(plan.workload, problems, search)
     dev = resolve_device(device)
     echo(f"loading {generator} and {prm} ...")

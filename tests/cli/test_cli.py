@@ -57,6 +57,9 @@ def _one_line_error(result, fragment: str) -> None:
     (["beam", "--aggregation", "median"], "unknown score aggregation 'median'"),
     (["beam", "--limit", "1", "--generator", "llama-9000"], "unknown model 'llama-9000'"),
     (["bon", "--limit", "1", "--prm", "/no/such/prm"], "unknown model '/no/such/prm'"),
+    (["beam", "--limit", "1", "--generator", "dummy:llama-3.2-1b"],
+     "--generator dummy:llama-3.2-1b: a search needs the model's tokenizer and dummy weights have none"),
+    (["sweep-memory", "--limit", "1", "--prm", "dummy:llama-3.1-8b"], "--prm dummy:llama-3.1-8b: a search needs"),
     (["beam", "--levels", "one"], "--levels takes a comma-separated list"),
     (["beam", "--ids", ""], "--ids is empty"),
     # Found by click before the command runs: one line too, not typer's panel.

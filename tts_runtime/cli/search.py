@@ -23,7 +23,7 @@ from tts_runtime.cli.ctrl_c import interrupted_by, stop_if_ctrl_c_was_swallowed
 from tts_runtime.cli.options import config_command
 from tts_runtime.cohost.runtime import Runtime
 from tts_runtime.config import ConfigError
-from tts_runtime.models.registry import resolve
+from tts_runtime.models.registry import require_tokenizers
 from tts_runtime.runs.datasets import load_problems
 from tts_runtime.runs.run import run_into_folder, run_record, split_finished
 from tts_runtime.runs.run_config import RunConfig
@@ -47,8 +47,7 @@ def _run_search_command(run: RunConfig) -> None:
     if not problems:
         raise ConfigError("no problem matches the dataset filters (--limit, --levels, --ids)")
     generator, prm = run.models.specs()
-    for spec in (generator, prm):  # unknown models now, before minutes of loading
-        resolve(spec.model)
+    require_tokenizers(generator.model, prm.model)
     stamp = time.strftime("%Y%m%d-%H%M%S")
     folder = RunFolder.open(Path(run.out) if run.out else Path("runs") / f"{run.search.method}-{stamp}",
                             resume=run.resume, fresh=not run.out)

@@ -124,6 +124,15 @@ def resolve(name: str) -> ResolvedModel:
                       "config.json, or a Hugging Face Hub id (org/name)")
 
 
+def require_tokenizers(generator: str, prm: str) -> None:
+    """For a search, which reads and writes text: an unknown model or dummy weights (no
+    tokenizer) is an error now, before minutes of loading."""
+    for flag, name in (("--generator", generator), ("--prm", prm)):
+        if resolve(name).kind == "dummy":
+            raise ConfigError(f"{flag} {name}: a search needs the model's tokenizer and dummy weights have none; "
+                              "dummy shapes are for `tts models profile` and `tts bench gpu`")
+
+
 def _is_local(name: str) -> bool:
     return name in ALIASES or name.startswith("dummy:") or Path(name).expanduser().exists()
 
