@@ -18,7 +18,7 @@ CPU = torch.device("cpu")
 def sequence(seq_id: int, num_tokens: int, table: list[int], computed: int,
              params: SamplingParams | ScoreParams | None = None) -> Sequence:
     tokens = [100 * seq_id + i for i in range(num_tokens)]
-    group = RequestGroup(f"r{seq_id}", tokens, params or SamplingParams(temperature=0, max_tokens=8), seq_id)
+    group = RequestGroup(f"r{seq_id}", tokens, params or SamplingParams(temperature=0, max_tokens=8))
     seq = Sequence(seq_id, group, list(tokens))
     seq.block_table, seq.num_computed_tokens = table, computed
     group.sequences.append(seq)

@@ -28,7 +28,7 @@ def make_scheduler(num_blocks: int = 40, pp_size: int = 1, policy: str = "thrott
 
 
 def request(seq_id: int, tokens: list[int]) -> Sequence:
-    group = RequestGroup(f"r{seq_id}", list(tokens), SamplingParams(temperature=0, max_tokens=64), seq_id)
+    group = RequestGroup(f"r{seq_id}", list(tokens), SamplingParams(temperature=0, max_tokens=64))
     seq = Sequence(seq_id, group, list(tokens))
     group.sequences.append(seq)
     return seq

@@ -270,7 +270,7 @@ def test_waiting_blocks_count_a_shared_prefix_block_once():
         parent = blocks.register_full_block(block_id, parent, tuple(shared[4 * k:4 * k + 4]))
     for beam in range(4):
         tokens = shared + [200 + 10 * beam + i for i in range(6)]  # 18 tokens: 5 blocks each
-        group = RequestGroup(f"beam{beam}", tokens, SamplingParams(temperature=0, max_tokens=8), beam)
+        group = RequestGroup(f"beam{beam}", tokens, SamplingParams(temperature=0, max_tokens=8))
         group.sequences.append(Sequence(beam, group, list(tokens)))
         scheduler.add(group.sequences[0])
     # Each beam's own blocks: a full one (tokens 12-15) and a partial one (16-17), 4 x 2;

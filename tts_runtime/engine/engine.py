@@ -165,7 +165,6 @@ class Engine(BlockingCalls):
         self._groups: dict[str, RequestGroup] = {}
         self._aborted: list[RequestGroup] = []  # aborted, some sequence still in a microbatch
         self._seq_ids = itertools.count()
-        self._arrivals = itertools.count()
         self._generator = torch.Generator(device=self.device).manual_seed(self.config.seed)
         self.eos_token_ids = set(self.arch.eos_token_ids)
         if self.tokenizer is not None and self.tokenizer.eos_token_id is not None:
@@ -230,7 +229,7 @@ class Engine(BlockingCalls):
             raise RequestError(f"duplicate request id '{request_id}'")
         token_ids = self.tokenize(prompt)
         self._validate(token_ids, params)
-        group = RequestGroup(request_id, token_ids, params, next(self._arrivals))
+        group = RequestGroup(request_id, token_ids, params)
         seq = self._new_sequence(group, list(token_ids), 0)
         self._groups[request_id] = group
         self.scheduler.add(seq)

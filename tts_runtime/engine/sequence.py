@@ -73,7 +73,6 @@ class RequestGroup:
     request_id: str
     prompt_token_ids: list[int]
     params: SamplingParams | ScoreParams
-    arrival: int
     sequences: list[Sequence] = field(default_factory=list)
     num_cached_prompt_tokens: int = 0
     prompt_looked_up: bool = False  # the scheduler has asked the prefix cache for the prompt

@@ -161,17 +161,10 @@ class CudaGraphRunner:
         self.backend = backend
         self.ops = ops
         self.sizes = capture_sizes(max_num_seqs, sizes)
-        # What the graphs keep reserved (static buffers and the graphs' pool), for the memory
-        # profile. Measured between emptied allocator caches (torch.cuda.graph empties it
-        # before each capture too), so neither earlier cached blocks nor warm-up activations count.
-        torch.cuda.empty_cache()
-        reserved = torch.cuda.memory_reserved(device)
         self.buffers = StaticDecodeBuffers.allocate(self.sizes[-1], max_blocks_per_seq, block_size, device)
         self._graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self._logits: dict[int, torch.Tensor] = {}
         self._capture(device)
-        torch.cuda.empty_cache()
-        self.memory_bytes = torch.cuda.memory_reserved(device) - reserved
 
     @torch.inference_mode()
     def _capture(self, device: torch.device) -> None:

@@ -80,7 +80,6 @@ class DecoderLayer(nn.Module):
         # Gemma normalises both sides of each sublayer ("sandwich" norms).
         self.pre_feedforward_layernorm = RMSNorm(arch.hidden_size, arch.rms_norm_eps, True) if gemma else None
         self.post_feedforward_layernorm = RMSNorm(arch.hidden_size, arch.rms_norm_eps, True) if gemma else None
-        self.rope_index = layer
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                 kv_cache: tuple[torch.Tensor, torch.Tensor], meta: AttentionMetadata,

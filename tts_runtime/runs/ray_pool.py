@@ -120,7 +120,6 @@ class ReplicaInfo:
 class WorkItem:
     key: str
     args: tuple
-    attempts: int = 0  # times handed to a replica
     errors: list[str] = field(default_factory=list)
     failed_on: list[int] = field(default_factory=list)  # replica indexes, one per failure
     suspect: bool = False  # was in flight when a replica died or hung: runs alone
@@ -247,7 +246,6 @@ class ReplicaPool:
             if replica is None:
                 kept.append(item)
                 continue
-            item.attempts += 1
             replica.in_flight[getattr(replica.handle, method).remote(*item.args)] = item
         queue.clear()
         queue.extend(kept)
