@@ -277,8 +277,9 @@ def test_two_first_time_conversions_of_one_file_both_load_it(tmp_path):
     outputs = [process.communicate(timeout=600) for process in both]
     assert [process.returncode for process in both] == [0, 0], outputs
     assert [out.strip().splitlines()[-1] for out, _ in outputs] == ["30", "30"]
-    converted = [p.name for p in (cache / "gguf").iterdir() if p.is_dir()]
-    assert len(converted) == 1 and ".partial" not in converted[0]
+    converted = [p for p in (cache / "gguf").iterdir() if p.is_dir()]
+    assert len(converted) == 1 and ".partial" not in converted[0].name
+    assert "added_tokens_decoder" in json.loads((converted[0] / "tokenizer_config.json").read_text())
 
 
 def test_a_broken_assembled_demo_model_is_assembled_again(tmp_path):
