@@ -66,6 +66,11 @@ VARIANTS: dict[str, Variant] = {
     "all": _ALL,
     "eager scores": Variant(score_graphs=False),
     "executor sampling": Variant(executor_sampling=True),
+    "hide driver": Variant({"hide_driver": True}),
+    # What hides the host on the simulated H100 (docs/benchmarks/host_targets.md), less
+    # overlap, which executor sampling excludes: async scheduling needs executor sampling on CUDA.
+    "batched + executor sampling + hide driver": Variant({"phase_policy": "batched", "hide_driver": True},
+                                                         executor_sampling=True),
     "no partial blocks": Variant(partial_blocks=False),
 }
 

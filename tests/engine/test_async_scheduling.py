@@ -186,3 +186,29 @@ def test_executor_sampling_with_forwards_elsewhere_is_a_one_line_error():
     for elsewhere in ({"parallel": ParallelConfig(pp_size=2)}, {"cohost": CohostConfig(overlap=True)}):
         with pytest.raises(ConfigError, match="--executor-sampling samples in the driver's local executor"):
             EngineConfig(executor_sampling=True, **elsewhere)
+
+
+def test_the_gpu_host_hiding_configuration_searches_as_batched_does(generator_model, prm_model, math500_path):
+    """`tts bench cohost`'s "batched + executor sampling + hide driver" (what hid the host on
+    the simulated H100, for a GPU run) on the real demo models: the generator runs ahead two
+    microbatches deep, and the beams are those of the batched policy alone."""
+    from memory.split import MemoryConfig
+    from search.config import SearchConfig
+    from search.driver import run_search
+    from tts_runtime.cohost.runtime import Runtime
+    from tts_runtime.runs.datasets import DatasetConfig, load_problems
+
+    problems = load_problems(DatasetConfig(dataset_path=str(math500_path), limit=3))
+    search = SearchConfig(num_iterations=3, max_step_tokens=48, max_tokens=96, problem_batch=3)
+    runs = []
+    for hidden in (False, True):
+        config = EngineConfig(device="cpu", cohost=CohostConfig(phase_policy="batched", hide_driver=hidden),
+                              executor_sampling=hidden)
+        runtime = Runtime(generator_model, prm_model, memory=MemoryConfig(device_memory=3 << 30), engine_config=config)
+        try:
+            runs.append([{**result.to_dict(), "seconds": 0} for result in run_search(runtime, problems, search)])
+        finally:
+            runtime.shutdown()
+        ahead = max(runtime.generator.stats.in_flight_at_launch)
+        assert (isinstance(runtime.generator.executor, SamplingExecutor), ahead) == ((True, 2) if hidden else (False, 1))
+    assert runs[1] == runs[0]
