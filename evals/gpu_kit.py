@@ -26,7 +26,6 @@ of them puts the GGUF files where the registry looks. Build the kit and print th
 from __future__ import annotations
 
 import argparse
-import hashlib
 import importlib.metadata
 import os
 import shutil
@@ -36,6 +35,7 @@ import tarfile
 from pathlib import Path
 
 from tts_runtime.models.registry import DEFAULT_GENERATOR, DEFAULT_PRM, resolve
+from tts_runtime.runs.fingerprints import file_sha256
 
 CALL_BYTES = 64 << 20  # what one call may carry, the working tree included
 MARGIN_BYTES = 1 << 20
@@ -109,13 +109,6 @@ class _ChunkWriter:
             self._file.close()
 
 
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        while block := handle.read(1 << 20):
-            digest.update(block)
-    return digest.hexdigest()
-
 
 def write_model_chunks(kit: Path, first_bytes: int, chunk_bytes: int) -> int:
     """The demo GGUF files as tar chunks in `kit`, and meta/ about them; returns how many."""
@@ -126,7 +119,7 @@ def write_model_chunks(kit: Path, first_bytes: int, chunk_bytes: int) -> int:
         for member, path in members.items():
             name = member.format(name=path.name)
             archive.add(path, arcname=name)
-            sums.append(f"{_sha256(path)}  {name}\n")
+            sums.append(f"{file_sha256(path)}  {name}\n")
     writer.close()
     (kit / "meta").mkdir(exist_ok=True)
     (kit / "meta" / "chunks").write_text(f"{len(writer.paths)}\n")

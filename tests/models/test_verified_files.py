@@ -3,21 +3,14 @@ a file rewritten since is hashed (and repaired) again."""
 
 from __future__ import annotations
 
-import hashlib
 import importlib
 from pathlib import Path
 
 import pytest
 
 from tts_runtime.models.registry import resolve
+from tts_runtime.runs.fingerprints import file_sha256
 
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        while chunk := handle.read(1 << 20):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 @pytest.fixture
@@ -49,7 +42,7 @@ def test_the_assembled_prm_is_hashed_once_then_trusted_until_rewritten(package_i
         handle.seek(1 << 20)
         handle.write(b"\xff" * 4096)
     assert resolve("gemma3-270m").location == first
-    assert len(hashed) >= 2 and _sha256(first) == package.EXPECTED_SHA256  # noticed and assembled again
+    assert len(hashed) >= 2 and file_sha256(first) == package.EXPECTED_SHA256  # noticed and assembled again
     checks = len(hashed)
     resolve("gemma3-270m")
     assert len(hashed) == checks
@@ -62,4 +55,4 @@ def test_a_cache_folder_that_cannot_be_written_only_costs_the_hash(package_in_a_
     monkeypatch.setenv("TTS_CACHE_DIR", str(blocked / "tts"))
     first = resolve("gemma3-270m").location
     assert resolve("gemma3-270m").location == first
-    assert len(hashed) == 2 and _sha256(first) == package.EXPECTED_SHA256
+    assert len(hashed) == 2 and file_sha256(first) == package.EXPECTED_SHA256

@@ -34,7 +34,7 @@ def _weight_entry(path: Path) -> dict:
     return {"size": size, "edges_sha256": _edges_sha256(path, size)}
 
 
-def _file_sha256(path: Path) -> str:
+def file_sha256(path: Path) -> str:
     digest = hashlib.sha256()
     with path.open("rb") as handle:
         while chunk := handle.read(_CHUNK):
@@ -54,7 +54,7 @@ def model_fingerprint(path: Path) -> dict:
     if not config.is_file() or not weights:
         raise ConfigError(f"model folder {path} holds no config.json and weight files "
                           f"({', '.join(_WEIGHT_SUFFIXES)}); pass an HF model folder or a .gguf file")
-    return {"kind": "folder", "config_sha256": _file_sha256(config),
+    return {"kind": "folder", "config_sha256": file_sha256(config),
             "weights": {p.name: _weight_entry(p) for p in weights}}
 
 
@@ -62,4 +62,4 @@ def dataset_fingerprint(path: Path) -> dict:
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"dataset file {path} does not exist; pass --dataset-path with a .jsonl file")
-    return {"size": path.stat().st_size, "sha256": _file_sha256(path)}
+    return {"size": path.stat().st_size, "sha256": file_sha256(path)}
