@@ -56,7 +56,7 @@ from search.prm_fit import check_prm_fit
 from search.prompts import PromptBuilder
 from tts_runtime.cohost.runtime import Runtime, check_backend, profile_models
 from tts_runtime.config import ConfigError, EngineConfig, resolve_device, resolve_dtype
-from tts_runtime.engine.engine import RequestError
+from tts_runtime.engine.request import RequestError
 from tts_runtime.executor.device_memory import return_freed_host_memory
 from tts_runtime.models.loader import LoadedModel, load_model
 from tts_runtime.models.registry import require_tokenizers

@@ -12,7 +12,7 @@ _EXPORTS = {
     "CacheConfig": "tts_runtime.config", "ConfigError": "tts_runtime.config", "EngineConfig": "tts_runtime.config",
     "ModelSpec": "tts_runtime.config", "SchedulerConfig": "tts_runtime.config",
     "Engine": "tts_runtime.engine.engine", "EngineStats": "tts_runtime.engine.engine",
-    "RequestError": "tts_runtime.engine.engine",
+    "RequestError": "tts_runtime.engine.request",
     "CompletionOutput": "tts_runtime.engine.request", "RequestOutput": "tts_runtime.engine.request",
     "SamplingParams": "tts_runtime.engine.request", "ScoreParams": "tts_runtime.engine.request",
 }

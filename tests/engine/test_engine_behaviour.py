@@ -123,6 +123,14 @@ def test_bad_models_and_budgets_are_clear_errors(generator_model, prompt, tmp_pa
         small.add_request("big", prompt, SamplingParams(max_tokens=64))
     with pytest.raises(ConfigError, match="outside the prompt"):
         engine.add_request("score", prompt, ScoreParams([len(prompt)], [1, 2]))
+    vocab = generator_model.arch.vocab_size
+    # A negative candidate used to be taken, and indexing wrapped it round to the vocabulary's end.
+    for candidates in ([1, -1], [1, vocab]):
+        with pytest.raises(ConfigError, match=rf"candidate token ids must be in \[0, {vocab}\)"):
+            engine.add_request("score", prompt, ScoreParams([0], candidates))
+    for ids, words in (([], "empty prompt"), ([1, vocab], "prompt token ids must be in"), ([-1], "prompt token ids")):
+        with pytest.raises(ConfigError, match=words):
+            engine.add_request("bad ids", ids, SamplingParams())
     with pytest.raises(ConfigError, match="KV cache budget"):
         Engine(generator_model.name, EngineConfig(cache=CacheConfig(kv_cache_bytes=10)), loaded=generator_model)
 

@@ -39,8 +39,8 @@ import torch
 
 from tts_runtime.config import ConfigError, EngineConfig, ModelSpec, resolve_device, resolve_dtype
 from tts_runtime.engine.blocking_calls import BlockingCalls
-from tts_runtime.engine.engine import RequestError
-from tts_runtime.engine.request import CompletionOutput, FinishReason, RequestOutput, SamplingParams, ScoreParams
+from tts_runtime.engine.request import (CompletionOutput, FinishReason, RequestError, RequestOutput, SamplingParams,
+                                        ScoreParams, validate_request)
 from tts_runtime.executor.kv_cache import bytes_per_block
 from tts_runtime.models.arch import ArchConfig, arch_from_hf
 from tts_runtime.models.loader import LoadedModel, load_tokenizer, model_folder
@@ -275,23 +275,11 @@ class VllmEngine(BlockingCalls):
             self.stats.prompt_tokens += len(token_ids)
 
     def _validate(self, token_ids: list[int], params: SamplingParams | ScoreParams) -> None:
-        if not token_ids:
-            raise RequestError("empty prompt: a request needs at least one token")
-        if len(token_ids) >= self.max_model_len:
-            raise RequestError(f"prompt has {len(token_ids)} tokens but {self.spec.model} on vLLM has a "
-                               f"context of {self.max_model_len}; shorten the prompt or raise the KV budget")
-        vocab = self.arch.vocab_size
-        if max(token_ids) >= vocab or min(token_ids) < 0:
-            raise RequestError(f"prompt token ids must be in [0, {vocab})")
-        if isinstance(params, ScoreParams):
-            if params.return_logits:
-                raise RequestError("raw logits are not served by the vLLM backend (it returns "
-                                   "log-probabilities); score with return_logits=False")
-            bad = [p for p in params.positions if not 0 <= p < len(token_ids)]
-            if bad:
-                raise RequestError(f"score positions {bad} outside the prompt of {len(token_ids)} tokens")
-            if max(params.candidate_token_ids) >= vocab or min(params.candidate_token_ids) < 0:
-                raise RequestError(f"candidate token ids must be in [0, {vocab})")
+        if isinstance(params, ScoreParams) and params.return_logits:
+            raise RequestError("raw logits are not served by the vLLM backend (it returns "
+                               "log-probabilities); score with return_logits=False")
+        validate_request(token_ids, params, self.arch.vocab_size, self.max_model_len, f"{self.spec.model} on vLLM",
+                         "shorten the prompt or raise the KV budget")
 
     def _sampling(self, params: SamplingParams) -> Any:
         from vllm import SamplingParams as VllmSamplingParams

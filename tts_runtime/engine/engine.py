@@ -31,7 +31,8 @@ from tts_runtime.engine.detokenizer import IncrementalDetokenizer
 from tts_runtime.engine.events import BlockEventListener
 from tts_runtime.engine.forward_costs import ForwardCostSums
 from tts_runtime.engine.host_times import HostTimes
-from tts_runtime.engine.request import CompletionOutput, RequestOutput, SamplingParams, ScoreParams
+from tts_runtime.engine.request import (CompletionOutput, RequestError, RequestOutput, SamplingParams, ScoreParams,
+                                        validate_request)
 from tts_runtime.engine.scheduler import Scheduler
 from tts_runtime.engine.sequence import RequestGroup, Sequence, SequenceStatus
 from tts_runtime.engine.tiered_kv import TieredKV
@@ -56,10 +57,6 @@ class _Microbatch:
 
     def finish(self, _: Future | None = None) -> None:
         self.finished_at = time.perf_counter()
-
-
-class RequestError(ConfigError):
-    """A request the engine cannot serve as given."""
 
 
 @dataclass
@@ -235,20 +232,8 @@ class Engine(BlockingCalls):
         self.scheduler.add(seq)
 
     def _validate(self, token_ids: list[int], params: SamplingParams | ScoreParams) -> None:
-        if not token_ids:
-            raise RequestError("empty prompt: a request needs at least one token")
-        if len(token_ids) >= self.max_model_len:
-            raise RequestError(f"prompt has {len(token_ids)} tokens but {self.spec.model} has a context "
-                               f"of {self.max_model_len}; shorten the prompt")
-        vocab = self.arch.vocab_size
-        if max(token_ids) >= vocab or min(token_ids) < 0:
-            raise RequestError(f"prompt token ids must be in [0, {vocab})")
+        validate_request(token_ids, params, self.arch.vocab_size, self.max_model_len, self.spec.model)
         if isinstance(params, ScoreParams):
-            bad = [p for p in params.positions if not 0 <= p < len(token_ids)]
-            if bad:
-                raise RequestError(f"score positions {bad} outside the prompt of {len(token_ids)} tokens")
-            if max(params.candidate_token_ids) >= vocab:
-                raise RequestError(f"candidate token ids must be in [0, {vocab})")
             needed = len(token_ids)
         else:
             needed = min(len(token_ids) + params.max_tokens, self.max_model_len)

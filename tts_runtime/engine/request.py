@@ -82,6 +82,28 @@ class ScoreParams:
             raise ConfigError("invalid score request: candidate_token_ids must not be empty")
 
 
+class RequestError(ConfigError):
+    """A request the engine cannot serve as given."""
+
+
+def validate_request(token_ids: list[int], params: SamplingParams | ScoreParams, vocab_size: int,
+                     max_model_len: int, model: str, too_long_hint: str = "shorten the prompt") -> None:
+    """What every engine checks before it takes a request (`model` names it in the errors)."""
+    if not token_ids:
+        raise RequestError("empty prompt: a request needs at least one token")
+    if len(token_ids) >= max_model_len:
+        raise RequestError(f"prompt has {len(token_ids)} tokens but {model} has a context of {max_model_len}; "
+                           f"{too_long_hint}")
+    if max(token_ids) >= vocab_size or min(token_ids) < 0:
+        raise RequestError(f"prompt token ids must be in [0, {vocab_size})")
+    if isinstance(params, ScoreParams):
+        bad = [p for p in params.positions if not 0 <= p < len(token_ids)]
+        if bad:
+            raise RequestError(f"score positions {bad} outside the prompt of {len(token_ids)} tokens")
+        if max(params.candidate_token_ids) >= vocab_size or min(params.candidate_token_ids) < 0:
+            raise RequestError(f"candidate token ids must be in [0, {vocab_size})")
+
+
 @dataclass
 class CompletionOutput:
     index: int
