@@ -127,6 +127,7 @@ def _measure(bench: CohostBench, models: tuple[LoadedModel, LoadedModel], proble
             "generator_batch": gen["mean_batch_seqs"], "prm_batch": prm["mean_batch_seqs"],
             "prm_batch_tokens": prm["mean_batch_tokens"], "generator_forwards": gen["forwards"],
             "prm_forwards": prm["forwards"], "transitions": report["phase_transitions"],
+            "device_busy": report["busy_fraction"],
             "generator_busy": gen["busy_fraction"], "prm_busy": prm["busy_fraction"],
             "busy_if_widest": sum(part or 0.0 for part in widest.values()) / seconds,
             "forward_costs": costs, "prm_fixed_ms": costs["prm"]["fixed_seconds"] * 1e3 if costs["prm"] else float("nan"),
@@ -175,10 +176,12 @@ def bench_cohost(bench: CohostBench, *, command: Sequence[str], log: Callable[[s
              "alternate); executor sampling = the executor samples on the device, so async scheduling launches "
              "the generator's next decode before this one's tokens reach the host (on a CPU it overlaps nothing); "
              "no partial blocks = every continued beam and forked child recomputes its partial last KV block "
-             "(`--no-partial-blocks`).",
+             "(`--no-partial-blocks`); hide driver = each step's forwards launch before the search logic of the "
+             "step before runs (`--hide-driver`).",
              "batch = sequences per forward (mean); transitions = forwards of the other engine than the one "
              "before; busy = time with a forward of that engine in flight (launch to result) over the "
-             "search's wall time (overlapped engines can both be near 100%).",
+             "search's wall time (overlapped engines can both be near 100%); device_busy = time with a forward "
+             "of either engine in flight, counted once where both are (issue 35's device-busy target on a GPU).",
              "overlap on CPU: a worker process per engine, each with half the cores; without overlap one "
              "process runs both models on all cores (the threads column). On a loaded machine a 2-thread "
              "process can lose much more to oversubscription than two 1-thread ones, which flatters overlap "
@@ -267,6 +270,7 @@ def _row(side: SideBySide, label: str, problems: int, device: torch.device) -> d
             "generator_batch": median(label, "generator_batch"), "prm_batch": median(label, "prm_batch"),
             "prm_batch_tokens": median(label, "prm_batch_tokens"),
             "transitions": median(label, "transitions"),
+            "device_busy": median(label, "device_busy"),
             "generator_busy": median(label, "generator_busy"), "prm_busy": median(label, "prm_busy"),
             "busy_if_widest": median(label, "busy_if_widest"),
             "prm_fixed_ms": median(label, "prm_fixed_ms"),

@@ -198,6 +198,15 @@ def test_batched_phases_switch_only_when_a_side_runs_dry(policy_runs):
     assert batched.prm.sequences / batched.prm.forwards >= alternate.prm.sequences / alternate.prm.forwards
 
 
+@pytest.mark.slow
+def test_device_busy_adds_the_engines_up_when_their_forwards_take_turns(policy_runs):
+    """One process on a CPU: a forward runs inside its launch, so the two engines' forwards
+    never overlap and the device-wide clock is the sum of the engines' own."""
+    for _, counters in policy_runs.values():
+        both = counters.generator.busy_seconds + counters.prm.busy_seconds
+        assert counters.busy_seconds == pytest.approx(both, rel=1e-3) and both > 0
+
+
 def test_cohost_bench_ceilings_follow_from_the_busy_fractions():
     """The 20-problem run of docs/benchmarks/cohost.md: the alternating run's forwards
     filled 97.8% of it (one process can gain at most 1.02x), and overlapped, the generator's

@@ -35,6 +35,7 @@ from tts_runtime.cohost.gc_freeze import frozen_heap
 from tts_runtime.cohost.overlap import OverlapStepper, StreamExecutor, worker_group, worker_threads
 from tts_runtime.cohost.phases import GENERATOR, PRM, PhaseScheduler
 from tts_runtime.cohost.vllm_engine import VllmEngine, require_vllm
+from tts_runtime.engine.busy import BusyClock
 from tts_runtime.engine.engine import Engine
 from tts_runtime.engine.request import RequestOutput, SamplingParams, ScoreParams
 from tts_runtime.executor.build_executor import build_local_executor
@@ -233,6 +234,12 @@ class Runtime:
             self.prm = Engine(prm_spec, self.engine_config, loaded=prm_loaded, num_blocks=self.plan.prm_blocks)
         for name, tracker in self.trackers.items():
             self.engines[name].add_block_listener(tracker)
+        # Either engine with a forward in flight: the device's busy time, counted once where
+        # both engines' forwards are queued or run at the same time.
+        self.device_busy = BusyClock()
+        if backend != "vllm":
+            for engine in self.engines.values():
+                engine.busy.parent = self.device_busy
         self.num_steps = 0
         self._pending: dict[tuple[str, str], asyncio.Future | list] = {}
         self._ids = itertools.count()
@@ -376,7 +383,8 @@ class Runtime:
         whose engines report no microbatches)."""
         if self.backend == "vllm":
             return None
-        return CohostCounters(self.transitions, EngineCounters.read(self.generator), EngineCounters.read(self.prm))
+        return CohostCounters(self.transitions, self.device_busy.seconds, EngineCounters.read(self.generator),
+                              EngineCounters.read(self.prm))
 
     def _pressure(self, name: str) -> Pressure:
         engine = self.engines[name].pressure()  # shallow: its waiting count is taken when read

@@ -38,19 +38,22 @@ class EngineCounters:
 @dataclass(frozen=True)
 class CohostCounters:
     transitions: int  # times the engine launching a forward differed from the previous one
+    busy_seconds: float  # time with a forward of either engine in flight
     generator: EngineCounters
     prm: EngineCounters
 
     def __sub__(self, other: CohostCounters) -> CohostCounters:
-        return CohostCounters(self.transitions - other.transitions, self.generator - other.generator,
-                              self.prm - other.prm)
+        return CohostCounters(self.transitions - other.transitions, self.busy_seconds - other.busy_seconds,
+                              self.generator - other.generator, self.prm - other.prm)
 
     def report(self, seconds: float, config: CohostConfig) -> dict:
-        """For metrics.json: the policy, transitions, and per engine its forwards, mean batch
-        (sequences, tokens) and busy fraction over `seconds` of wall time."""
+        """For metrics.json: the policy, transitions, the share of `seconds` of wall time with a
+        forward of either engine in flight, and per engine its forwards, mean batch (sequences,
+        tokens) and busy fraction."""
         return {"phase_policy": config.phase_policy, "overlap": config.overlap,
                 "thresholds": {"prm_buffer_tokens": config.prm_buffer_tokens,
                                "generator_low_water": config.generator_low_water,
                                "generator_buffer_seqs": config.generator_buffer_seqs},
                 "phase_transitions": self.transitions,
+                "busy_fraction": self.busy_seconds / seconds if seconds > 0 else 0.0,
                 "generator": self.generator.report(seconds), "prm": self.prm.report(seconds)}
