@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.metadata
+import json
 import os
 import shutil
 import subprocess
@@ -168,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"kit in .gpu/: {len(calls)} calls, each within {CALL_BYTES >> 20} MiB with the working tree; "
           "run them back to back (a machine left idle goes back, and its /tmp with it):")
     for number, call in enumerate(calls, 1):
-        print(f"  {number}. carry {call['carry']}\n     command: {call['command']}")
+        print(f"  {number}. carry {json.dumps(call['carry'])}\n     command: {call['command']}")
     return 0
 
 
