@@ -253,6 +253,8 @@ def _tiny_model(config: dict, seed: int = 0) -> DecoderModel:
         for name, param in model.named_parameters():
             if "norm" in name:  # non-trivial norm weights, so the weight path is exercised
                 param.normal_(1.0 if config["model_type"] == "llama" else 0.0, 0.1)
+            elif "embed" in name:  # built empty: the loader fills it (models/decoder.py)
+                param.normal_(0.0, 1.0)
     return model
 
 
@@ -903,6 +905,10 @@ def test_beam_search_end_to_end_on_gpu(monkeypatch):
     data = shared_data_dir()
     problems = load_problems(DatasetConfig(dataset_path=str(data), limit=10))
     runtime = Runtime(GENERATOR, PRM, engine_config=EngineConfig(device="cuda"))
+    # The PRM's score graphs are all captured before the search; the generator captures none.
+    scores = runtime.prm.executor.score_graphs
+    assert scores.captured_sizes == tuple(sorted(scores.sizes))
+    assert runtime.generator.executor.score_graphs.captured_sizes == ()
     calls = _count_graph_runs(runtime.generator, monkeypatch)
     # Five short iterations (the cohost bench's shape): the default forty took over two minutes.
     config = SearchConfig(method="beam", n=4, beam_width=4, num_iterations=5, max_step_tokens=96, problem_batch=10)
