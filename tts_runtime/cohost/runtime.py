@@ -240,6 +240,7 @@ class Runtime:
         if backend != "vllm":
             for engine in self.engines.values():
                 engine.busy.parent = self.device_busy
+            self.prm.capture_score_graphs()
         self.num_steps = 0
         self._pending: dict[tuple[str, str], asyncio.Future | list] = {}
         self._ids = itertools.count()

@@ -188,6 +188,13 @@ class Engine(BlockingCalls):
             "blocks_cached_free": self.blocks.num_cached_free_blocks, "blocks_free": self.blocks.num_free_blocks,
         }
 
+    def capture_score_graphs(self) -> None:
+        """Captures the executor's score graphs for every padded size now (a PRM, before it
+        serves); executors without them (CPU, pipeline stages, the simulated device) have none."""
+        capture = getattr(self.executor, "capture_score_graphs", None)
+        if capture is not None:
+            capture()
+
     def add_block_listener(self, listener: BlockEventListener) -> None:
         self.blocks.listeners.append(listener)
 

@@ -61,6 +61,11 @@ class LocalExecutor:
                             rows)
         return compute_output_logits(self.model, hidden, batch, self.ops, rows)
 
+    def capture_score_graphs(self) -> None:
+        """Every score graph now (a no-op without them: off, or not on CUDA)."""
+        if self.score_graphs is not None:
+            self.score_graphs.capture_all()
+
     def shutdown(self) -> None:
         pass
 

@@ -91,6 +91,9 @@ class SamplingExecutor:
 
         return self._waiter.submit(finish)
 
+    def capture_score_graphs(self) -> None:
+        self.inner.capture_score_graphs()
+
     def shutdown(self) -> None:
         if self._waiter is not None:
             self._waiter.shutdown(wait=True)

@@ -21,8 +21,12 @@ count ``padded >= n``:
 
 The graph ends at the final norm: which rows are scored, and against which candidate tokens,
 changes every forward and costs a few launches, so the executor computes those logits from
-the replay's hidden states. Graphs are captured the first time a size is needed, so an engine
-that never scores (the generator) captures none, and a PRM only the sizes its forwards use.
+the replay's hidden states. A runtime captures every size of its PRM's runner when it starts
+(`capture_all`, largest first, so the smaller graphs reuse the largest's memory), as a server
+captures before it serves: a capture mid-search would stall the device (two eager warm-ups, a
+synchronisation) and its forward would stand out in the forward-cost fits and busy times.
+Any other size is captured the first time it is needed, and an engine that never scores (the
+generator) captures none.
 """
 
 from __future__ import annotations
@@ -141,7 +145,8 @@ def padded_score_hidden(model: DecoderModel, kv_caches: list[tuple[torch.Tensor,
 
 
 class ScoreGraphRunner:
-    """Replays score-only forwards from graphs, capturing each padded size on first use."""
+    """Replays score-only forwards from graphs, capturing each padded size on first use or all
+    of them at once (`capture_all`)."""
 
     WARMUP_RUNS = 2  # eager runs before a capture: settle lazy allocations and kernel variants
 
@@ -163,6 +168,15 @@ class ScoreGraphRunner:
         self._pool = torch.cuda.graph_pool_handle()
         self._graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self._hidden: dict[int, torch.Tensor] = {}
+
+    @property
+    def captured_sizes(self) -> tuple[int, ...]:
+        return tuple(sorted(self._graphs))
+
+    def capture_all(self) -> None:
+        for padded in reversed(self.sizes):
+            if padded not in self._graphs:
+                self._capture(padded)
 
     def padded_size(self, n: int) -> int:
         return next(s for s in self.sizes if s >= n)
