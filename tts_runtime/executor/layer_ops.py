@@ -183,9 +183,9 @@ def _fp32_streamed(models: Sequence[nn.Module], fallback, bf16_weights: bool):
 
 
 def _bf16_streamed(models: Sequence[nn.Module], fallback):
-    from tts_runtime.executor.cpu.cpu_linear import StreamedLinear, load_linear_kernel, row_limit
+    from tts_runtime.executor.cpu.cpu_linear import StreamedBf16Linear, load_linear_kernel, row_limit
 
-    return StreamedLinear(load_linear_kernel(), models, fallback, row_limit())
+    return StreamedBf16Linear(load_linear_kernel(), models, fallback, row_limit())
 
 
 def _kernel_or(fallback, label: str, make):

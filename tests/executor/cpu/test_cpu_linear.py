@@ -68,11 +68,11 @@ def test_kernel_handles_partial_groups(kernel, outputs):
 
 
 def test_backend_packs_the_models_own_bf16_weights_once_and_passes_the_rest_on(kernel, bf16_generator):
-    from tts_runtime.executor.cpu.cpu_linear import StreamedLinear
+    from tts_runtime.executor.cpu.cpu_linear import StreamedBf16Linear
 
     model = bf16_generator.model
     linear = layer_ops(CPU, EngineConfig(linear_backend="streamed"), [model]).linear
-    assert isinstance(linear, StreamedLinear)
+    assert isinstance(linear, StreamedBf16Linear)
     proj = model.layers[0].mlp.down_proj
     # Two rows: within the kernel's row limit on every CPU.
     x = torch.randn(2, 1, proj.weight.shape[1], generator=torch.Generator().manual_seed(3)).bfloat16()
@@ -90,11 +90,11 @@ def test_backend_packs_the_models_own_bf16_weights_once_and_passes_the_rest_on(k
 def test_calls_above_the_row_limit_go_to_onednn(kernel, bf16_generator):
     """On AMX CPUs oneDNN's tiles beat the kernel beyond a few rows: a limited backend packs
     for the small calls and hands the large ones to its fallback unchanged."""
-    from tts_runtime.executor.cpu.cpu_linear import AMX_MAX_ROWS, StreamedLinear, row_limit
+    from tts_runtime.executor.cpu.cpu_linear import AMX_MAX_ROWS, StreamedBf16Linear, row_limit
 
     model = bf16_generator.model
     fallback = PrepackedLinear([model])
-    linear = StreamedLinear(kernel, [model], fallback, max_rows=2)
+    linear = StreamedBf16Linear(kernel, [model], fallback, max_rows=2)
     proj = model.layers[0].mlp.gate_up_proj
     generator = torch.Generator().manual_seed(6)
     wide = torch.randn(16, proj.weight.shape[1], generator=generator).bfloat16()
@@ -107,7 +107,7 @@ def test_calls_above_the_row_limit_go_to_onednn(kernel, bf16_generator):
 
 
 def test_fp32_models_go_to_the_fp32_kernel_or_prepacked(generator_model):
-    from tts_runtime.executor.cpu.cpu_linear import StreamedLinear
+    from tts_runtime.executor.cpu.cpu_linear import StreamedBf16Linear
     from tts_runtime.executor.cpu.cpu_linear_fp32 import StreamedFp32Linear
 
     linear = layer_ops(CPU, EngineConfig(linear_backend="streamed"), [generator_model.model]).linear
@@ -116,7 +116,7 @@ def test_fp32_models_go_to_the_fp32_kernel_or_prepacked(generator_model):
     torch.testing.assert_close(linear(x, proj.weight, None), F.linear(x, proj.weight), rtol=1e-4, atol=1e-4)
     # fp32: the bf16 kernel is not even loaded (the model has no bf16 weight); the AVX2/FMA
     # kernel (test_cpu_linear_fp32.py) takes it where the CPU has AVX2, else oneDNN's copy.
-    assert not isinstance(linear, StreamedLinear)
+    assert not isinstance(linear, StreamedBf16Linear)
     assert isinstance(linear, (StreamedFp32Linear, PrepackedLinear))
     assert linear.packed_weight_ids == (id(proj.weight),)
 
@@ -134,7 +134,7 @@ def test_auto_streams_bf16_models_where_the_cpu_has_avx512_bf16(bf16_generator):
     """`auto` is the fastest path this CPU has: tts's kernel for bf16 weights with
     AVX512-BF16 (1.41x oneDNN on a search-and-learn-shaped search), beside the plain
     weight (oneDNN serves what the kernel does not take); oneDNN elsewhere."""
-    from tts_runtime.executor.cpu.cpu_linear import StreamedLinear
+    from tts_runtime.executor.cpu.cpu_linear import StreamedBf16Linear
 
     model = bf16_generator.model
     linear = layer_ops(CPU, EngineConfig(), [model]).linear
@@ -144,7 +144,7 @@ def test_auto_streams_bf16_models_where_the_cpu_has_avx512_bf16(bf16_generator):
         assert linear is onednn_linear and packed_weight_bytes(model, True, CPU, EngineConfig()) == 0
         return
     assert resolved_linear_backend(CPU, EngineConfig(), torch.bfloat16) == "streamed"
-    assert isinstance(linear, StreamedLinear) and linear.fallback is onednn_linear
+    assert isinstance(linear, StreamedBf16Linear) and linear.fallback is onednn_linear
     assert packed_weight_bytes(model, True, CPU, EngineConfig()) == projections + model.output_weight.numel() * 2
     proj = model.layers[0].mlp.down_proj
     x = torch.randn(5, proj.weight.shape[1], generator=torch.Generator().manual_seed(5)).bfloat16()

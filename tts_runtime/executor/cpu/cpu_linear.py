@@ -22,7 +22,7 @@ of at most `AMX_MAX_ROWS` rows and the rest go to oneDNN.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from types import ModuleType
 
 import torch
@@ -30,6 +30,7 @@ from torch import nn
 
 import tts_runtime.cpu_features as cpu_features
 from tts_runtime.executor.cpu.cpu_extensions import KernelUnavailable, load_extension
+from tts_runtime.executor.cpu.streamed_linear import LinearFn, StreamedLinear
 
 
 # On AMX CPUs the largest call the kernel still wins (see above).
@@ -66,38 +67,10 @@ def streamable(weight: torch.Tensor) -> bool:
             and weight.shape[1] % 2 == 0)
 
 
-class StreamedLinear:
-    """The projections of `models` on the kernel, each weight packed on its first use (a copy
-    beside the module's, counted by the memory profile like oneDNN's prepacked one); every
-    other call, and every call of more than `max_rows` rows, on `fallback`."""
+class StreamedBf16Linear(StreamedLinear):
+    """The bf16 projections of `models` on the kernel; calls of more than `max_rows` rows
+    (`row_limit()`) on `fallback`."""
 
-    def __init__(self, kernel: ModuleType, models: Sequence[nn.Module],
-                 fallback: Callable[[torch.Tensor, torch.Tensor, torch.Tensor | None], torch.Tensor],
+    def __init__(self, kernel: ModuleType, models: Sequence[nn.Module], fallback: LinearFn,
                  max_rows: int | None = None) -> None:
-        self._kernel = kernel
-        self._fallback = fallback
-        self._max_rows = max_rows
-        self._weights = {id(p): p for model in models for p in model.parameters() if streamable(p)}
-        self._packed: dict[int, torch.Tensor] = {}
-
-    @property
-    def packed_weight_ids(self) -> tuple[int, ...]:
-        """`id()`s of the weights packed for the kernel so far, in the order first used."""
-        return tuple(self._packed)
-
-    @property
-    def fallback(self) -> Callable[[torch.Tensor, torch.Tensor, torch.Tensor | None], torch.Tensor]:
-        """The backend that takes every call the kernel does not."""
-        return self._fallback
-
-    def __call__(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-        key = id(weight)
-        too_many_rows = self._max_rows is not None and x.numel() > self._max_rows * x.shape[-1]
-        if self._weights.get(key) is not weight or x.dtype != torch.bfloat16 or too_many_rows:
-            return self._fallback(x, weight, bias)
-        packed = self._packed.get(key)
-        if packed is None:
-            packed = self._packed[key] = self._kernel.pack_weight(weight.detach())
-        rows = x.reshape(-1, x.shape[-1]).contiguous()
-        out = self._kernel.linear(rows, packed, weight.shape[0]).view(*x.shape[:-1], weight.shape[0])
-        return out if bias is None else out + bias
+        super().__init__(kernel, models, fallback, takes=streamable, pack=kernel.pack_weight, max_rows=max_rows)

@@ -11,7 +11,7 @@ Measurements against oneDNN: docs/benchmarks/linear_avx2.md.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from types import ModuleType
 
 import torch
@@ -19,6 +19,7 @@ from torch import nn
 
 import tts_runtime.cpu_features as cpu_features
 from tts_runtime.executor.cpu.cpu_extensions import KernelUnavailable, load_extension
+from tts_runtime.executor.cpu.streamed_linear import LinearFn, StreamedLinear
 
 # What the kernel needs; without it `load_fp32_linear_kernel` does not even build it.
 REQUIRES = ("avx2", "fma")
@@ -47,40 +48,13 @@ def streamable(weight: torch.Tensor) -> bool:
     return weight.dim() == 2 and weight.dtype == torch.float32 and weight.shape[0] % 8 == 0
 
 
-class StreamedFp32Linear:
-    """The fp32 projections of `models` on the kernel, each weight packed on its first use
-    (stored as bf16 where `bf16_weights`; a copy beside the module's, counted by the memory
-    profile like oneDNN's prepacked one), at any number of rows: under AVX2 the kernel
-    measured 1.8-2.5x oneDNN prepacked at 1-4 rows, 1.4-1.9x at 8-16, 1.1-1.2x at 64 and
-    1.06-1.18x at 256-1024 (docs/benchmarks/linear_avx2.md). Every other call (weights that
-    are not the models', or that the kernel cannot take) goes to `fallback`."""
+class StreamedFp32Linear(StreamedLinear):
+    """The fp32 projections of `models` on the kernel, stored as bf16 where `bf16_weights`,
+    at any number of rows: under AVX2 the kernel measured 1.8-2.5x oneDNN prepacked at 1-4
+    rows, 1.4-1.9x at 8-16, 1.1-1.2x at 64 and 1.06-1.18x at 256-1024
+    (docs/benchmarks/linear_avx2.md)."""
 
-    def __init__(self, kernel: ModuleType, models: Sequence[nn.Module],
-                 fallback: Callable[[torch.Tensor, torch.Tensor, torch.Tensor | None], torch.Tensor],
+    def __init__(self, kernel: ModuleType, models: Sequence[nn.Module], fallback: LinearFn,
                  bf16_weights: bool = False) -> None:
-        self._kernel = kernel
-        self._fallback = fallback
-        self._bf16 = bf16_weights
-        self._weights = {id(p): p for model in models for p in model.parameters() if streamable(p)}
-        self._packed: dict[int, torch.Tensor] = {}
-
-    def __call__(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-        key = id(weight)
-        if self._weights.get(key) is not weight or x.dtype != torch.float32:
-            return self._fallback(x, weight, bias)
-        packed = self._packed.get(key)
-        if packed is None:
-            packed = self._packed[key] = self._kernel.pack_weight(weight.detach(), self._bf16)
-        rows = x.reshape(-1, x.shape[-1]).contiguous()
-        out = self._kernel.linear(rows, packed, weight.shape[0]).view(*x.shape[:-1], weight.shape[0])
-        return out if bias is None else out + bias
-
-    @property
-    def packed_weight_ids(self) -> tuple[int, ...]:
-        """`id()`s of the weights packed for the kernel so far, in the order first used."""
-        return tuple(self._packed)
-
-    @property
-    def fallback(self) -> Callable[[torch.Tensor, torch.Tensor, torch.Tensor | None], torch.Tensor]:
-        """What serves the calls the kernel does not take."""
-        return self._fallback
+        super().__init__(kernel, models, fallback, takes=streamable,
+                         pack=lambda weight: kernel.pack_weight(weight, bf16_weights))
