@@ -196,38 +196,15 @@ class Runtime:
         self.workers: list[PipelineGroup] = []  # overlap at pp 1 on CPU: one process per engine
         # vLLM emits no block events: nothing for thrash trackers to follow there.
         self.trackers = {} if backend == "vllm" else {GENERATOR: ThrashTracker(), PRM: ThrashTracker()}
+        specs, loaded = (gen_spec, prm_spec), (gen_loaded, prm_loaded)
         if backend == "vllm":
-            self._start_vllm((gen_spec, prm_spec), (gen_loaded, prm_loaded), dtypes)
+            self._start_vllm(specs, loaded, dtypes)
         elif self.plan.policy == "elastic":
-            if dtypes[0] != dtypes[1]:
-                raise ConfigError(f"elastic memory needs both models in one dtype (generator {dtypes[0]}, "
-                                  f"PRM {dtypes[1]}): a shared chunk is read in either; set --dtype")
-            # The simulated device's forwards read no KV: its pool is bookkeeping over a buffer
-            # with no storage, as large as the simulated card.
-            kv_device = torch.device("meta") if is_sim_device(self.engine_config.device) else dev
-            self.pool = ElasticKVPool.split(self.plan.chunks, GENERATOR, PRM, self.plan.prm_chunks, kv_device,
-                                            self.engine_config.cache.lazy_kv_zeroing)
-            self.generator = Engine(gen_spec, self.engine_config, loaded=gen_loaded,
-                                    kv=self._shared_kv(GENERATOR, gen_loaded, dtypes[0]))
-            self.prm = Engine(prm_spec, self.engine_config, loaded=prm_loaded,
-                              kv=self._shared_kv(PRM, prm_loaded, dtypes[1]))
-            self.pool.attach(GENERATOR, self.generator.block_pool)
-            self.pool.attach(PRM, self.prm.block_pool)
-            block = self.engine_config.cache.block_size
-            self.elastic = ElasticPolicy(self.pool, {GENERATOR: self.profiles[0].flops_per_token * block,
-                                                     PRM: self.profiles[1].flops_per_token * block})
+            self._start_elastic(specs, loaded, dev)
         elif self.engine_config.parallel.pp_size > 1:
-            # One set of stage processes holds both models' layer slices.
-            self.pipeline = PipelineGroup([
-                StageModel.of(GENERATOR, gen_loaded, self.plan.generator_blocks),
-                StageModel.of(PRM, prm_loaded, self.plan.prm_blocks, samples_full_vocabulary=False)],
-                self.engine_config)
-            self.generator = Engine(gen_spec, self.engine_config, loaded=gen_loaded,
-                                    num_blocks=self.plan.generator_blocks, executor=self.pipeline.executor(GENERATOR))
-            self.prm = Engine(prm_spec, self.engine_config, loaded=prm_loaded, num_blocks=self.plan.prm_blocks,
-                              executor=self.pipeline.executor(PRM))
+            self._start_pipelined(specs, loaded)
         elif self.cohost.overlap and not is_sim_device(self.engine_config.device):
-            self._start_overlapped((gen_spec, prm_spec), (gen_loaded, prm_loaded), dev)
+            self._start_overlapped(specs, loaded, dev)
         else:  # on the simulated device overlap queues both engines' forwards on its one stream
             self.generator = Engine(gen_spec, self.engine_config, loaded=gen_loaded,
                                     num_blocks=self.plan.generator_blocks)
@@ -248,6 +225,40 @@ class Runtime:
         self.transitions = 0
         self._last_forward: str | None = None
         self.overlap = OverlapStepper(self.engines, self._note_forward) if self.cohost.overlap else None
+
+    def _start_elastic(self, specs: tuple[ModelSpec, ModelSpec], loaded: tuple[LoadedModel, LoadedModel],
+                       dev: torch.device) -> None:
+        """Both engines on one pool of KV chunks that the elastic policy moves between them."""
+        dtypes = (loaded[0].dtype, loaded[1].dtype)
+        if dtypes[0] != dtypes[1]:
+            raise ConfigError(f"elastic memory needs both models in one dtype (generator {dtypes[0]}, "
+                              f"PRM {dtypes[1]}): a shared chunk is read in either; set --dtype")
+        # The simulated device's forwards read no KV: its pool is bookkeeping over a buffer
+        # with no storage, as large as the simulated card.
+        kv_device = torch.device("meta") if is_sim_device(self.engine_config.device) else dev
+        self.pool = ElasticKVPool.split(self.plan.chunks, GENERATOR, PRM, self.plan.prm_chunks, kv_device,
+                                        self.engine_config.cache.lazy_kv_zeroing)
+        self.generator = Engine(specs[0], self.engine_config, loaded=loaded[0],
+                                kv=self._shared_kv(GENERATOR, loaded[0], dtypes[0]))
+        self.prm = Engine(specs[1], self.engine_config, loaded=loaded[1],
+                          kv=self._shared_kv(PRM, loaded[1], dtypes[1]))
+        self.pool.attach(GENERATOR, self.generator.block_pool)
+        self.pool.attach(PRM, self.prm.block_pool)
+        block = self.engine_config.cache.block_size
+        self.elastic = ElasticPolicy(self.pool, {GENERATOR: self.profiles[0].flops_per_token * block,
+                                                 PRM: self.profiles[1].flops_per_token * block})
+
+    def _start_pipelined(self, specs: tuple[ModelSpec, ModelSpec],
+                         loaded: tuple[LoadedModel, LoadedModel]) -> None:
+        """One set of stage processes holding both models' layer slices."""
+        self.pipeline = PipelineGroup([
+            StageModel.of(GENERATOR, loaded[0], self.plan.generator_blocks),
+            StageModel.of(PRM, loaded[1], self.plan.prm_blocks, samples_full_vocabulary=False)],
+            self.engine_config)
+        self.generator = Engine(specs[0], self.engine_config, loaded=loaded[0],
+                                num_blocks=self.plan.generator_blocks, executor=self.pipeline.executor(GENERATOR))
+        self.prm = Engine(specs[1], self.engine_config, loaded=loaded[1], num_blocks=self.plan.prm_blocks,
+                          executor=self.pipeline.executor(PRM))
 
     def _start_vllm(self, specs: tuple[ModelSpec, ModelSpec], loaded: tuple[LoadedModel, LoadedModel],
                     dtypes: tuple[torch.dtype, torch.dtype]) -> None:
