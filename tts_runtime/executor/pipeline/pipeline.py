@@ -36,6 +36,7 @@ import time
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from functools import partial
+from multiprocessing.process import BaseProcess
 from pathlib import Path
 
 import torch
@@ -120,36 +121,8 @@ class PipelineGroup:
         self.startup_seconds = startup_seconds(sum(p.numel() * p.element_size() for m in models
                                                    for p in m.loaded.model.parameters()))
         self.socket_dir = Path(tempfile.mkdtemp(prefix="tts-pipeline-"))  # mode 0700
-
-        def address(name: str) -> str:
-            return f"ipc://{self.socket_dir / name}"
-
-        self.context = zmq.Context()
-        self.results = self.context.socket(zmq.PULL)
-        self.results.bind(address("results"))
-        self.controls = []
-        for stage in range(pp):
-            control = self.context.socket(zmq.PUSH)
-            control.bind(address(f"control-{stage}"))
-            self.controls.append(control)
-        distributed = f"tcp://127.0.0.1:{_free_port()}" if transport != "shm" else None
-        spawn = mp.get_context("spawn")
-        self.processes = []
-        for stage in range(pp):
-            setup = StageSetup(
-                stage=stage, pp_size=pp, config=config, threads=threads, parent_pid=os.getpid(),
-                models=[StageModelSetup(m.key, m.model, m.dtype, self.layers[m.key][stage], m.num_blocks)
-                        for m in models],
-                control_address=address(f"control-{stage}"), result_address=address("results"),
-                receive_address=address(f"link-{stage - 1}") if stage > 0 else None,
-                send_address=address(f"link-{stage}") if stage < pp - 1 else None,
-                startup_seconds=self.startup_seconds,
-                device=str(devices[stage]), transport=transport, distributed_address=distributed,
-                receive_slots=slots[stage - 1] if stage > 0 else [],
-                send_slots=slots[stage] if stage < pp - 1 else [])
-            process = spawn.Process(target=stage_main, args=(setup,), daemon=True, name=f"tts-stage-{stage}")
-            process.start()
-            self.processes.append(process)
+        self._bind_sockets()
+        self.processes = self._spawn_stages(models, threads, slots)
         self._ids = itertools.count()
         self._pending: dict[int, Future[ModelOutput]] = {}
         self._lock = threading.Lock()
@@ -167,6 +140,45 @@ class PipelineGroup:
         self._receiver.start()
 
     # -- start-up --------------------------------------------------------------------------
+    def _address(self, name: str) -> str:
+        return f"ipc://{self.socket_dir / name}"
+
+    def _bind_sockets(self) -> None:
+        """The driver's ends: one results socket all stages push to, one control socket per stage."""
+        self.context = zmq.Context()
+        self.results = self.context.socket(zmq.PULL)
+        self.results.bind(self._address("results"))
+        self.controls = []
+        for stage in range(self.pp_size):
+            control = self.context.socket(zmq.PUSH)
+            control.bind(self._address(f"control-{stage}"))
+            self.controls.append(control)
+
+    def _spawn_stages(self, models: list[StageModel], threads: int,
+                      slots: list[list[torch.Tensor]]) -> list[BaseProcess]:
+        """One spawned process per stage, each told its layers, sockets, device and the
+        shared-memory slots of the boundaries on either side (`slots[b]` joins stage b to b + 1)."""
+        pp = self.pp_size
+        distributed = f"tcp://127.0.0.1:{_free_port()}" if self.transport != "shm" else None
+        spawn = mp.get_context("spawn")
+        processes = []
+        for stage in range(pp):
+            setup = StageSetup(
+                stage=stage, pp_size=pp, config=self.config, threads=threads, parent_pid=os.getpid(),
+                models=[StageModelSetup(m.key, m.model, m.dtype, self.layers[m.key][stage], m.num_blocks)
+                        for m in models],
+                control_address=self._address(f"control-{stage}"), result_address=self._address("results"),
+                receive_address=self._address(f"link-{stage - 1}") if stage > 0 else None,
+                send_address=self._address(f"link-{stage}") if stage < pp - 1 else None,
+                startup_seconds=self.startup_seconds,
+                device=str(self.devices[stage]), transport=self.transport, distributed_address=distributed,
+                receive_slots=slots[stage - 1] if stage > 0 else [],
+                send_slots=slots[stage] if stage < pp - 1 else [])
+            process = spawn.Process(target=stage_main, args=(setup,), daemon=True, name=f"tts-stage-{stage}")
+            process.start()
+            processes.append(process)
+        return processes
+
     def _await_ready(self) -> None:
         ready: set[int] = set()
         deadline = time.monotonic() + self.startup_seconds
