@@ -1,11 +1,13 @@
 """What several test files share that is not a fixture: where the repository and the data are,
-the demo model names and a fixed set of chat prompts. Fixtures live in conftest.py."""
+the demo model names, a fixed set of chat prompts and the comparison of two searches. Fixtures live in conftest.py."""
 
 from __future__ import annotations
 
 import os
 import signal
 from pathlib import Path
+
+import pytest
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 GENERATOR = "smollm2-135m-instruct"
@@ -54,3 +56,15 @@ def ended_by_ctrl_c(returncode: int | None) -> bool:
     on itself (bpo-1054041's exit for an unhandled Ctrl-C); seen when the interrupt landed inside a
     lazy import or the model load, about one time in twenty."""
     return returncode in (130, -signal.SIGINT)
+
+
+def assert_same_search(first: list, second: list) -> None:
+    """Two searches' ProblemResults are the same search: the same problems, beam steps,
+    predictions and token counts, and step scores equal but for the last float bits (batched
+    matmuls sum in another order)."""
+    assert [r.id for r in first] == [r.id for r in second]
+    for a, b in zip(first, second):
+        assert [beam.steps for beam in a.beams] == [beam.steps for beam in b.beams], a.id
+        assert (a.prediction, a.generated_tokens, a.prm_tokens) == (b.prediction, b.generated_tokens, b.prm_tokens)
+        for x, y in zip(a.beams, b.beams):
+            assert x.step_scores == pytest.approx(y.step_scores, rel=1e-5), a.id

@@ -16,6 +16,7 @@ import torch
 
 from memory.split import MemoryConfig
 from search import SearchConfig, run_search
+from tests.helpers import assert_same_search
 from tts_runtime.cohost.runtime import Runtime, check_cohost
 from tts_runtime.config import CohostConfig, ConfigError, EngineConfig, ParallelConfig
 from tts_runtime.executor.pipeline.pipeline import PipelineFailure
@@ -70,12 +71,7 @@ def overlap_runs(generator_model, prm_model, problems):
 @pytest.mark.slow
 def test_overlap_changes_no_search_result(overlap_runs):
     alone, overlapped = overlap_runs[:2]
-    assert [r.id for r in alone] == [r.id for r in overlapped]
-    for a, b in zip(alone, overlapped):
-        assert [beam.steps for beam in a.beams] == [beam.steps for beam in b.beams]
-        assert (a.prediction, a.generated_tokens, a.prm_tokens) == (b.prediction, b.generated_tokens, b.prm_tokens)
-        for x, y in zip(a.beams, b.beams):
-            assert x.step_scores == pytest.approx(y.step_scores, rel=1e-5)
+    assert_same_search(alone, overlapped)
 
 
 @pytest.mark.slow

@@ -18,6 +18,7 @@ import torch
 from evals.bench_cohost import speedup_ceilings
 from memory.split import MemoryConfig
 from search import SearchConfig, run_search
+from tests.helpers import assert_same_search
 from tts_runtime.cohost.phases import GENERATOR, PRM, PhaseScheduler
 from tts_runtime.cohost.runtime import Runtime, check_cohost
 from tts_runtime.config import CohostConfig, ConfigError, EngineConfig, SchedulerConfig, resolve_phase_policy
@@ -177,12 +178,7 @@ def policy_runs(generator_model, prm_model, math500_path):
 @pytest.mark.slow
 def test_search_results_do_not_depend_on_the_phase_policy(policy_runs):
     (alternate, _), (batched, _) = policy_runs["alternate"], policy_runs["batched"]
-    assert [r.id for r in alternate] == [r.id for r in batched]
-    for a, b in zip(alternate, batched):
-        assert [beam.steps for beam in a.beams] == [beam.steps for beam in b.beams]
-        assert (a.prediction, a.generated_tokens, a.prm_tokens) == (b.prediction, b.generated_tokens, b.prm_tokens)
-        for x, y in zip(a.beams, b.beams):
-            assert x.step_scores == pytest.approx(y.step_scores, rel=1e-5)
+    assert_same_search(alternate, batched)
 
 
 @pytest.mark.slow
