@@ -152,6 +152,28 @@ def test_help_still_prints_in_full(args, usage):
     assert len(result.output.splitlines()) > 10
 
 
+def test_every_command_help_is_whole_paragraphs():
+    """A command's help is its docstring with each paragraph on one line: rich keeps line
+    breaks, and the docstring's would break `tts bench --help`'s lines in mid-sentence."""
+    import typer.main
+
+    def commands(group, path):
+        for name, cmd in group.commands.items():
+            yield f"{path} {name}", cmd
+            if hasattr(cmd, "commands"):
+                yield from commands(cmd, f"{path} {name}")
+
+    listed = list(commands(typer.main.get_command(app), "tts"))
+    assert {"tts beam", "tts sweep-memory", "tts bench cohost", "tts models list"} <= {path for path, _ in listed}
+    for path, cmd in listed:
+        for paragraph in (cmd.help or "").split("\n\n"):
+            assert "\n" not in paragraph, path
+    # On a wide terminal a sentence that the docstring broke after "problems" is on one line.
+    result = _invoke(["bench", "--help"], COLUMNS="200")
+    assert result.exit_code == 0
+    assert "first N MATH-500 problems (writes search.json" in result.output
+
+
 def test_models_list_shows_every_alias():
     result = _invoke(["models", "list"])
     assert result.exit_code == 0, result.output

@@ -4,6 +4,7 @@ mistakes) and the console."""
 from __future__ import annotations
 
 import functools
+import inspect
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -20,7 +21,8 @@ console = Console(stderr=True)
 
 
 def command(parent: typer.Typer, name: str, **options: Any) -> Callable[[Callable], Callable]:
-    """Register `fn` as `parent`'s command `name`, with one-line errors for user mistakes."""
+    """Register `fn` as `parent`'s command `name`, with one-line errors for user mistakes and
+    its docstring as the help."""
     def register(fn: Callable) -> Callable:
         @functools.wraps(fn)
         def run(*args: Any, **kwargs: Any) -> Any:
@@ -40,9 +42,17 @@ def command(parent: typer.Typer, name: str, **options: Any) -> Callable[[Callabl
                     typer.echo(f"error: {str(exc).splitlines()[0]}", err=True)
                     raise typer.Exit(1) from None
                 raise
+        if fn.__doc__ and "help" not in options:
+            options["help"] = flowing(fn.__doc__)
         parent.command(name, **options)(run)
         return fn
     return register
+
+
+def flowing(doc: str) -> str:
+    """A docstring as help text: each paragraph one line, for the terminal to wrap (rich keeps
+    a docstring's line breaks, which then break the help's lines at random places)."""
+    return "\n\n".join(" ".join(paragraph.split()) for paragraph in inspect.cleandoc(doc).split("\n\n"))
 
 
 class OneLineUsageErrors(TyperGroup):
