@@ -62,6 +62,34 @@ def _scores(q, k, scale, softcap, USE_SOFTCAP: tl.constexpr, F32_DOT: tl.constex
 
 
 @triton.jit
+def _load_kv_tile(table, k_cache, v_cache, j, j_mask, kv_off, d_mask, s_cb, s_cs, dtype,
+                  BLOCK_SIZE: tl.constexpr):
+    """The keys and values of context positions `j` (zeros where `j_mask` is off), read
+    through the sequence's block `table` from the paged caches, in `dtype`."""
+    block = tl.load(table + j // BLOCK_SIZE, mask=j_mask, other=0).to(tl.int64)
+    offs = (block * s_cb + (j % BLOCK_SIZE) * s_cs)[:, None] + kv_off
+    kv_mask = j_mask[:, None] & d_mask[None, :]
+    k = tl.load(k_cache + offs, mask=kv_mask, other=0.0).to(dtype)
+    v = tl.load(v_cache + offs, mask=kv_mask, other=0.0).to(dtype)
+    return k, v
+
+
+@triton.jit
+def _masked_softmax_step(s, v, m_i, l_i, acc, F32_DOT: tl.constexpr, PRECISION: tl.constexpr):
+    """One tile of online softmax (log2 scores `s`, -inf where masked) into the running max
+    `m_i`, sum `l_i` and output `acc`. A row may see no key of a tile (causal future, before
+    its window, or none of the whole item): its max stays -inf, and 0 is subtracted instead
+    of -inf so its p stays 0 rather than NaN."""
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+    p = tl.exp2(s - m_safe[:, None])
+    alpha = tl.exp2(m_i - m_safe)
+    l_i = l_i * alpha + tl.sum(p, 1)
+    acc = acc * alpha[:, None] + _dot(p.to(v.dtype), v, F32_DOT, PRECISION)
+    return m_new, l_i, acc
+
+
+@triton.jit
 def store_kv_kernel(
     key, value, k_cache, v_cache, slot_mapping,
     s_kt, s_kh, s_kd, s_vt, s_vh, s_vd,
@@ -128,11 +156,7 @@ def decode_kernel(
     for tile in range(tile_lo, tile_hi):
         j = tile * BLOCK_N + tl.arange(0, BLOCK_N)
         j_mask = (j >= start) & (j < ctx)
-        block = tl.load(table + j // BLOCK_SIZE, mask=j_mask, other=0).to(tl.int64)
-        offs = (block * s_cb + (j % BLOCK_SIZE) * s_cs)[:, None] + kv_off
-        kv_mask = j_mask[:, None] & d_mask[None, :]
-        k = tl.load(k_cache + offs, mask=kv_mask, other=0.0).to(q.dtype)
-        v = tl.load(v_cache + offs, mask=kv_mask, other=0.0).to(q.dtype)
+        k, v = _load_kv_tile(table, k_cache, v_cache, j, j_mask, kv_off, d_mask, s_cb, s_cs, q.dtype, BLOCK_SIZE)
 
         s = _scores(q, k, scale, softcap, USE_SOFTCAP, F32_DOT, PRECISION)
         s = tl.where(j_mask[None, :], s, float("-inf"))
@@ -229,26 +253,14 @@ def prefill_kernel(
     for k0 in range((start // BLOCK_N) * BLOCK_N, end, BLOCK_N):
         j = k0 + tl.arange(0, BLOCK_N)
         j_mask = (j >= start) & (j < end)
-        block = tl.load(table + j // BLOCK_SIZE, mask=j_mask, other=0).to(tl.int64)
-        offs = (block * s_cb + (j % BLOCK_SIZE) * s_cs)[:, None] + kv_off
-        kv_mask = j_mask[:, None] & d_mask[None, :]
-        k = tl.load(k_cache + offs, mask=kv_mask, other=0.0).to(q.dtype)
-        v = tl.load(v_cache + offs, mask=kv_mask, other=0.0).to(q.dtype)
+        k, v = _load_kv_tile(table, k_cache, v_cache, j, j_mask, kv_off, d_mask, s_cb, s_cs, q.dtype, BLOCK_SIZE)
 
         s = _scores(q, k, scale, softcap, USE_SOFTCAP, F32_DOT, PRECISION)
         visible = j_mask[None, :] & (j[None, :] <= pos[:, None])
         if USE_WINDOW:
             visible &= j[None, :] > pos[:, None] - window
         s = tl.where(visible, s, float("-inf"))
-        # A row may see nothing in this tile (causal future, or before its window):
-        # subtract 0 instead of -inf so such rows stay at p = 0 rather than NaN.
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        m_sub = tl.where(m_new == float("-inf"), 0.0, m_new)
-        p = tl.exp2(s - m_sub[:, None])
-        alpha = tl.exp2(m_i - m_sub)
-        l_i = l_i * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None] + _dot(p.to(v.dtype), v, F32_DOT, PRECISION)
-        m_i = m_new
+        m_i, l_i, acc = _masked_softmax_step(s, v, m_i, l_i, acc, F32_DOT, PRECISION)
 
     o = acc / l_i[:, None]
     tl.store(out + q_rows[:, None] * s_ot + head * s_oh + d[None, :] * s_od,
@@ -310,26 +322,15 @@ def cascade_kernel(
         for tile in range(lo // BLOCK_N, tl.cdiv(hi, BLOCK_N)):
             j = tile * BLOCK_N + tl.arange(0, BLOCK_N)
             j_mask = (j >= lo) & (j < hi)
-            block = tl.load(table + j // BLOCK_SIZE, mask=j_mask, other=0).to(tl.int64)
-            offs = (block * s_cb + (j % BLOCK_SIZE) * s_cs)[:, None] + kv_off
-            kv_mask = j_mask[:, None] & d_mask[None, :]
-            k = tl.load(k_cache + offs, mask=kv_mask, other=0.0).to(q.dtype)
-            v = tl.load(v_cache + offs, mask=kv_mask, other=0.0).to(q.dtype)
+            k, v = _load_kv_tile(table, k_cache, v_cache, j, j_mask, kv_off, d_mask, s_cb, s_cs, q.dtype,
+                                 BLOCK_SIZE)
 
             s = _scores(q, k, scale, softcap, USE_SOFTCAP, F32_DOT, PRECISION)
             visible = j_mask[None, :] & (j[None, :] <= pos[:, None])
             if USE_WINDOW:
                 visible = visible & (j[None, :] > pos[:, None] - window)
             s = tl.where(visible, s, float("-inf"))
-            # A row may see no key of a tile (or of the whole item): keep its max at -inf
-            # without computing -inf - -inf.
-            m_new = tl.maximum(m_i, tl.max(s, 1))
-            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-            p = tl.exp2(s - m_safe[:, None])
-            alpha = tl.exp2(m_i - m_safe)
-            l_i = l_i * alpha + tl.sum(p, 1)
-            acc = acc * alpha[:, None] + _dot(p.to(v.dtype), v, F32_DOT, PRECISION)
-            m_i = m_new
+            m_i, l_i, acc = _masked_softmax_step(s, v, m_i, l_i, acc, F32_DOT, PRECISION)
 
         row = entry.to(tl.int64) * NUM_HEADS + heads
         tl.store(part_m + row, m_i, mask=valid)
