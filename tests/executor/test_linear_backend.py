@@ -19,7 +19,7 @@ from tests.helpers import question_prompts
 
 def test_auto_puts_the_cpu_projections_on_onednn(generator_model):
     cpu, models = torch.device("cpu"), [generator_model.model]
-    # On CPUs with AVX2 but no AVX-512, `auto` streams fp32 weights (tests/test_cpu_linear_fp32.py).
+    # On CPUs with AVX2 but no AVX-512, `auto` streams fp32 weights (tests/executor/cpu/test_cpu_linear_fp32.py).
     if resolved_linear_backend(cpu, EngineConfig()) == "onednn":
         assert layer_ops(cpu, EngineConfig(), models).linear is onednn_linear
     assert isinstance(layer_ops(cpu, EngineConfig(linear_backend="prepacked"), models).linear, PrepackedLinear)
@@ -67,7 +67,7 @@ def test_packed_copies_are_counted_in_the_memory_profile(generator_model):
     prepacked = EngineConfig(linear_backend="prepacked")
     assert packed_weight_bytes(model, True, cpu, prepacked) == projections + head
     assert packed_weight_bytes(model, False, cpu, prepacked) == projections
-    # `auto` packs nothing where it means oneDNN (on AVX2-only CPUs: tests/test_cpu_linear_fp32.py).
+    # `auto` packs nothing where it means oneDNN (on AVX2-only CPUs: tests/executor/cpu/test_cpu_linear_fp32.py).
     if resolved_linear_backend(cpu, EngineConfig()) == "onednn":
         assert packed_weight_bytes(model, True, cpu, EngineConfig()) == 0
     plain = profile_one(generator_model, "generate", EngineConfig(linear_backend="onednn"))
