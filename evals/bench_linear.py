@@ -14,7 +14,6 @@ import argparse
 import json
 import statistics
 import time
-from collections.abc import Callable
 
 import torch
 from torch import nn
@@ -22,27 +21,27 @@ from torch import nn
 import tts_runtime.cpu_features as cpu_features
 from tts_runtime.executor.cpu.cpu_linear_fp32 import StreamedFp32Linear, load_fp32_linear_kernel
 from tts_runtime.executor.layer_ops import PrepackedLinear, onednn_linear
+from tts_runtime.models.layers import LinearFn
 from tts_runtime.models.loader import load_model
 
 MODELS = ("smollm2-135m-instruct", "gemma3-270m")
 
-Linear = Callable[[torch.Tensor, torch.Tensor, torch.Tensor | None], torch.Tensor]
 
 
 def projections(model: nn.Module) -> list[torch.Tensor]:
     return [m.weight for m in model.layers.modules() if isinstance(m, nn.Linear)]
 
 
-def sides(model: nn.Module) -> dict[str, Linear]:
+def sides(model: nn.Module) -> dict[str, LinearFn]:
     prepacked = PrepackedLinear([model])
-    out: dict[str, Linear] = {"oneDNN": onednn_linear, "oneDNN prepacked": prepacked}
+    out: dict[str, LinearFn] = {"oneDNN": onednn_linear, "oneDNN prepacked": prepacked}
     kernel = load_fp32_linear_kernel()
     out["streamed fp32"] = StreamedFp32Linear(kernel, [model], prepacked)
     out["streamed bf16-stored"] = StreamedFp32Linear(kernel, [model], prepacked, bf16_weights=True)
     return out
 
 
-def step(fn: Linear, weights: list[torch.Tensor], xs: dict[int, torch.Tensor]) -> float:
+def step(fn: LinearFn, weights: list[torch.Tensor], xs: dict[int, torch.Tensor]) -> float:
     start = time.perf_counter()
     for w in weights:
         fn(xs[w.shape[1]], w, None)

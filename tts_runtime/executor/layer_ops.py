@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import functools
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 
 import torch
@@ -13,7 +13,7 @@ from torch import nn
 import tts_runtime.cpu_features as cpu_features
 from tts_runtime.config import ConfigError, EngineConfig
 from tts_runtime.executor.cpu.cpu_extensions import KernelUnavailable
-from tts_runtime.models.layers import EAGER_OPS, LayerOps
+from tts_runtime.models.layers import EAGER_OPS, LayerOps, LinearFn
 
 # The row count oneDNN picks its blocked weight layout for; measured at 1, 16 and 512 rows
 # on SmolLM2's 3072x576 projection, a layout chosen for 128 rows was as fast as the best
@@ -159,8 +159,8 @@ def layer_ops(device: torch.device, config: EngineConfig, models: Sequence[nn.Mo
     return replace(ops, linear=prepacked)
 
 
-def streamed_linear(models: Sequence[nn.Module], fallback, bf16_weights: bool = False,
-                    auto: bool = False):
+def streamed_linear(models: Sequence[nn.Module], fallback: LinearFn, bf16_weights: bool = False,
+                    auto: bool = False) -> LinearFn:
     """tts's kernels over `fallback`: the AVX512-BF16 one for bf16 weights (on AMX CPUs for
     the few-row calls only), the AVX2/FMA one for fp32 weights (stored as bf16 where
     `bf16_weights`); each only where the models have such weights, and `fallback` alone
@@ -176,19 +176,19 @@ def streamed_linear(models: Sequence[nn.Module], fallback, bf16_weights: bool = 
     return linear
 
 
-def _fp32_streamed(models: Sequence[nn.Module], fallback, bf16_weights: bool):
+def _fp32_streamed(models: Sequence[nn.Module], fallback: LinearFn, bf16_weights: bool) -> LinearFn:
     from tts_runtime.executor.cpu.cpu_linear_fp32 import StreamedFp32Linear, load_fp32_linear_kernel
 
     return StreamedFp32Linear(load_fp32_linear_kernel(), models, fallback, bf16_weights)
 
 
-def _bf16_streamed(models: Sequence[nn.Module], fallback):
+def _bf16_streamed(models: Sequence[nn.Module], fallback: LinearFn) -> LinearFn:
     from tts_runtime.executor.cpu.cpu_linear import StreamedBf16Linear, load_linear_kernel, row_limit
 
     return StreamedBf16Linear(load_linear_kernel(), models, fallback, row_limit())
 
 
-def _kernel_or(fallback, label: str, make):
+def _kernel_or(fallback: LinearFn, label: str, make: Callable[[], LinearFn]) -> LinearFn:
     try:
         return make()
     except KernelUnavailable as exc:

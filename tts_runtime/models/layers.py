@@ -98,6 +98,10 @@ def act_and_mul(gate_up: torch.Tensor, activation: str) -> torch.Tensor:
     return _ACTIVATIONS[activation](gate) * up
 
 
+# A projection: (x, weight, bias) -> x @ weight.T + bias, as F.linear.
+LinearFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor | None], torch.Tensor]
+
+
 @dataclass(frozen=True)
 class LayerOps:
     """The ops of a layer, by the signatures of the eager functions above (and F.linear's for
@@ -108,7 +112,7 @@ class LayerOps:
     rotary_qk: Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor],
                         tuple[torch.Tensor, torch.Tensor]]
     act_and_mul: Callable[[torch.Tensor, str], torch.Tensor]
-    linear: Callable[[torch.Tensor, torch.Tensor, torch.Tensor | None], torch.Tensor] = F.linear
+    linear: LinearFn = F.linear
 
 
 EAGER_OPS = LayerOps(rms_norm, rotary_qk, act_and_mul)

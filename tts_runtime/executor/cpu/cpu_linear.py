@@ -30,7 +30,8 @@ from torch import nn
 
 import tts_runtime.cpu_features as cpu_features
 from tts_runtime.executor.cpu.cpu_extensions import KernelUnavailable, load_extension
-from tts_runtime.executor.cpu.streamed_linear import LinearFn, StreamedLinear
+from tts_runtime.executor.cpu.streamed_linear import StreamedLinear
+from tts_runtime.models.layers import LinearFn
 
 
 # On AMX CPUs the largest call the kernel still wins (see above).

@@ -14,7 +14,7 @@ from types import ModuleType
 import torch
 from torch import nn
 
-LinearFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor | None], torch.Tensor]
+from tts_runtime.models.layers import LinearFn
 
 
 class StreamedLinear:
