@@ -75,6 +75,16 @@ def _load_kv_tile(table, k_cache, v_cache, j, j_mask, kv_off, d_mask, s_cb, s_cs
 
 
 @triton.jit
+def _visible(j, j_mask, pos, window, USE_WINDOW: tl.constexpr):
+    """Which keys `j` each query at position `pos` sees: in range, not in its future and,
+    with a sliding window, within its last `window` positions."""
+    visible = j_mask[None, :] & (j[None, :] <= pos[:, None])
+    if USE_WINDOW:
+        visible = visible & (j[None, :] > pos[:, None] - window)
+    return visible
+
+
+@triton.jit
 def _masked_softmax_step(s, v, m_i, l_i, acc, F32_DOT: tl.constexpr, PRECISION: tl.constexpr):
     """One tile of online softmax (log2 scores `s`, -inf where masked) into the running max
     `m_i`, sum `l_i` and output `acc`. A row may see no key of a tile (causal future, before
@@ -256,10 +266,7 @@ def prefill_kernel(
         k, v = _load_kv_tile(table, k_cache, v_cache, j, j_mask, kv_off, d_mask, s_cb, s_cs, q.dtype, BLOCK_SIZE)
 
         s = _scores(q, k, scale, softcap, USE_SOFTCAP, F32_DOT, PRECISION)
-        visible = j_mask[None, :] & (j[None, :] <= pos[:, None])
-        if USE_WINDOW:
-            visible &= j[None, :] > pos[:, None] - window
-        s = tl.where(visible, s, float("-inf"))
+        s = tl.where(_visible(j, j_mask, pos, window, USE_WINDOW), s, float("-inf"))
         m_i, l_i, acc = _masked_softmax_step(s, v, m_i, l_i, acc, F32_DOT, PRECISION)
 
     o = acc / l_i[:, None]
@@ -326,10 +333,7 @@ def cascade_kernel(
                                  BLOCK_SIZE)
 
             s = _scores(q, k, scale, softcap, USE_SOFTCAP, F32_DOT, PRECISION)
-            visible = j_mask[None, :] & (j[None, :] <= pos[:, None])
-            if USE_WINDOW:
-                visible = visible & (j[None, :] > pos[:, None] - window)
-            s = tl.where(visible, s, float("-inf"))
+            s = tl.where(_visible(j, j_mask, pos, window, USE_WINDOW), s, float("-inf"))
             m_i, l_i, acc = _masked_softmax_step(s, v, m_i, l_i, acc, F32_DOT, PRECISION)
 
         row = entry.to(tl.int64) * NUM_HEADS + heads
