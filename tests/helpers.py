@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -68,3 +70,18 @@ def assert_same_search(first: list, second: list) -> None:
         assert (a.prediction, a.generated_tokens, a.prm_tokens) == (b.prediction, b.generated_tokens, b.prm_tokens)
         for x, y in zip(a.beams, b.beams):
             assert x.step_scores == pytest.approx(y.step_scores, rel=1e-5), a.id
+
+
+def compile_kernels_for_sm90(group: str) -> list[dict[str, str]]:
+    """`python -m evals.kernel_resources --only GROUP` (the Triton kernels compiled for sm_90
+    with the wheel's ptxas: no GPU needed) in a process of its own, since a test process's
+    triton may be interpreting; one dict per build (kernel, config, warps, registers ...)."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))
+    env.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
+    proc = subprocess.run([sys.executable, "-m", "evals.kernel_resources", "--only", group], env=env,
+                          cwd=REPO_ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0 and "compiled every kernel for sm_90" in proc.stdout, proc.stderr[-3000:]
+    header, _, *rows = [line for line in proc.stdout.splitlines() if line.startswith("|")]
+    names = [cell.strip() for cell in header.strip("|").split("|")]
+    return [dict(zip(names, (cell.strip() for cell in row.strip("|").split("|")))) for row in rows]

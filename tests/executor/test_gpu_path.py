@@ -37,7 +37,7 @@ from tts_runtime.models.arch import arch_from_hf  # noqa: E402
 from tts_runtime.models.decoder import DecoderModel  # noqa: E402
 from tts_runtime.models.layers import EAGER_OPS  # noqa: E402
 
-from tests.helpers import GENERATOR, PRM, REPO_ROOT, shared_data_dir  # noqa: E402
+from tests.helpers import GENERATOR, PRM, compile_kernels_for_sm90, shared_data_dir  # noqa: E402
 
 HAS_CUDA = torch.cuda.is_available()
 needs_cuda = pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA device")
@@ -184,50 +184,12 @@ def test_fused_ops_fall_back_to_eager_where_they_do_not_apply(kernels):
 
 
 # The interpreter accepts things the compiler rejects, so compile the fused kernels for sm_90
-# at the seed models' shapes with the launch configs fused_ops picks (no GPU needed: the
-# triton wheel bundles ptxas). A subprocess, because this process's triton interprets.
-_COMPILE_SCRIPT = r"""
-import triton
-from triton.backends.compiler import GPUTarget
-from triton.compiler import ASTSource
-import tts_runtime.models.fused_ops as f
-
-def build(fn, pointer, consts, num_warps=4):
-    sig = {a: "constexpr" if a in consts else ("*" + pointer if a in POINTERS else
-           "fp32" if a == "eps" else "i32") for a in fn.arg_names}
-    kernel = triton.compile(ASTSource(fn, sig, constexprs=consts), target=GPUTarget("cuda", 90, 32),
-                            options=dict(num_warps=num_warps))
-    assert kernel.asm["cubin"], fn.__name__
-
-POINTERS = {"x", "weight", "out", "gate_up", "q", "k", "cos", "sin"}
-for ty in ("bf16", "fp32"):
-    for dim, gemma in ((2048, False), (4096, False), (576, False), (640, True), (256, True), (64, False)):
-        block = triton.next_power_of_2(dim)
-        build(f.rms_norm_kernel, ty, dict(DIM=dim, GEMMA=gemma, BLOCK=block), f.warps_for(block))
-    for inter, act in ((8192, 0), (14336, 0), (1536, 0), (2048, 1)):
-        build(f.act_and_mul_kernel, ty, dict(INTERMEDIATE=inter, ACTIVATION=act,
-                                             BLOCK=min(1024, triton.next_power_of_2(inter))))
-    for heads, kv_heads, head_dim in ((32, 8, 64), (32, 8, 128), (9, 3, 64), (4, 1, 256)):
-        half = head_dim // 2
-        build(f.rotary_kernel, ty, dict(NUM_Q_HEADS=heads, NUM_K_HEADS=kv_heads, HALF=half,
-                                        BLOCK_HQ=triton.next_power_of_2(heads),
-                                        BLOCK_HK=triton.next_power_of_2(kv_heads),
-                                        BLOCK_HALF=triton.next_power_of_2(half)))
-print("compiled")
-"""
-
-
+# at the seed models' shapes with the launch configs fused_ops picks (evals/kernel_resources.py).
 @pytest.mark.skipif(HAS_CUDA, reason="the gpu cases compile and run the kernels")
-def test_fused_kernels_compile_for_sm90():
-    import subprocess
-    import sys
-
-    repo = REPO_ROOT
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(repo), env.get("PYTHONPATH")]))
-    proc = subprocess.run([sys.executable, "-c", _COMPILE_SCRIPT], env=env, cwd=repo,
-                          capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0 and "compiled" in proc.stdout, proc.stderr[-3000:]
+def test_fused_kernels_compile_for_sm90_without_spilling():
+    builds = compile_kernels_for_sm90("fused")
+    assert {b["kernel"] for b in builds} == {"rms_norm_kernel", "act_and_mul_kernel", "rotary_kernel"}
+    assert all(b["stack (spills), bytes"] == "0" for b in builds), builds
 
 
 def _tiny_llama() -> dict:

@@ -62,7 +62,7 @@ def _scores(q, k, scale, softcap, USE_SOFTCAP: tl.constexpr, F32_DOT: tl.constex
 
 
 @triton.jit
-def _load_kv_tile(table, k_cache, v_cache, j, j_mask, kv_off, d_mask, s_cb, s_cs, dtype,
+def _load_kv_tile(table, k_cache, v_cache, j, j_mask, kv_off, d_mask, s_cb, s_cs, dtype: tl.constexpr,
                   BLOCK_SIZE: tl.constexpr):
     """The keys and values of context positions `j` (zeros where `j_mask` is off), read
     through the sequence's block `table` from the paged caches, in `dtype`."""
@@ -455,8 +455,9 @@ class TritonAttention:
 
     def tile_sizes(self, head_dim: int, dtype: torch.dtype) -> tuple[int, int, int]:
         """(block_m, block_n, num_warps) for the prefill kernel; decode uses the same
-        key tile. Chosen so that sm_90 builds fit in registers without spilling
-        (checked with ptxas, not timed: tune on a GPU)."""
+        key tile. Chosen so that sm_90 builds fit in registers without spilling, the cascade
+        kernel at head_dim 256 aside (40 bytes of stack; `python -m evals.kernel_resources`
+        shows each build's registers and spills). Checked with ptxas, not timed: tune on a GPU."""
         if dtype == torch.float32:  # parity runs only; fp32 tiles are twice as big
             block_m, block_n = 32, 32
         else:
