@@ -33,7 +33,7 @@ from tts_runtime.engine.forward_costs import ForwardCostSums
 from tts_runtime.engine.host_times import HostTimes
 from tts_runtime.engine.request import (CompletionOutput, RequestError, RequestOutput, SamplingParams, ScoreParams,
                                         validate_request)
-from tts_runtime.engine.scheduler import Scheduler
+from tts_runtime.engine.scheduler import ScheduledBatch, Scheduler
 from tts_runtime.engine.sequence import RequestGroup, Sequence, SequenceStatus
 from tts_runtime.engine.tiered_kv import TieredKV
 from tts_runtime.executor.batch import ModelOutput, SamplePlan
@@ -341,36 +341,44 @@ class Engine(BlockingCalls):
                 self.host_kv.before_forward()
             if batch.empty:
                 break
-            self._microbatches += 1
-            model_input, layout = build_model_input(batch, self.block_size, self.device)
-            plan = self._sample_plan(layout.sample_seqs)
-            if self.async_scheduling:
-                self._fill_from_previous(plan, layout.sample_seqs)
-            for seq, _ in layout.chunks:
-                seq.in_flight += 1
-            started = self.host_times.add("build_inputs", started)
-            self.busy.start()
-            launched_at = time.perf_counter()
-            future = self.executor.submit(model_input, plan if self.executor.samples else None)
-            future.add_done_callback(self.busy.stop)  # before the prefetch: a local forward is done already
-            microbatch = _Microbatch(layout, plan, future, len(batch.decodes),
-                                     batch.num_tokens - len(batch.decodes), launched_at)
-            future.add_done_callback(microbatch.finish)
-            if self.host_kv is not None:
-                self.host_kv.after_launch()
-                if self.host_kv.prefetch and self.scheduler.prefetch():  # for the next step, while this forward runs
-                    self.host_kv.copy_prefetched()
-            self._in_flight.append(microbatch)
+            self._submit(batch, started)
             launched += 1
-            self.stats.steps += 1
-            self.stats.computed_tokens += batch.num_tokens
-            self.stats.microbatch_tokens.append(batch.num_tokens)
-            self.stats.in_flight_at_launch.append(len(self._in_flight))
-            self.stats.batch_seqs.append(len(batch.decodes) + len(batch.prefills))
-            if batch.decodes:
-                self.stats.decode_batch_sizes.append(len(batch.decodes))
-            self.host_times.add("launch", started)
         return launched
+
+    def _submit(self, batch: ScheduledBatch, started: float) -> None:
+        """Builds the batch's inputs, hands them to the executor without waiting, and books
+        the launch; `started` is when scheduling ended."""
+        self._microbatches += 1
+        model_input, layout = build_model_input(batch, self.block_size, self.device)
+        plan = self._sample_plan(layout.sample_seqs)
+        if self.async_scheduling:
+            self._fill_from_previous(plan, layout.sample_seqs)
+        for seq, _ in layout.chunks:
+            seq.in_flight += 1
+        started = self.host_times.add("build_inputs", started)
+        self.busy.start()
+        launched_at = time.perf_counter()
+        future = self.executor.submit(model_input, plan if self.executor.samples else None)
+        future.add_done_callback(self.busy.stop)  # before the prefetch: a local forward is done already
+        microbatch = _Microbatch(layout, plan, future, len(batch.decodes),
+                                 batch.num_tokens - len(batch.decodes), launched_at)
+        future.add_done_callback(microbatch.finish)
+        if self.host_kv is not None:
+            self.host_kv.after_launch()
+            if self.host_kv.prefetch and self.scheduler.prefetch():  # for the next step, while this forward runs
+                self.host_kv.copy_prefetched()
+        self._in_flight.append(microbatch)
+        self._count_launch(batch)
+        self.host_times.add("launch", started)
+
+    def _count_launch(self, batch: ScheduledBatch) -> None:
+        self.stats.steps += 1
+        self.stats.computed_tokens += batch.num_tokens
+        self.stats.microbatch_tokens.append(batch.num_tokens)
+        self.stats.in_flight_at_launch.append(len(self._in_flight))
+        self.stats.batch_seqs.append(len(batch.decodes) + len(batch.prefills))
+        if batch.decodes:
+            self.stats.decode_batch_sizes.append(len(batch.decodes))
 
     def collect(self) -> list[RequestOutput]:
         """Wait for the oldest microbatch in flight and process its results."""
