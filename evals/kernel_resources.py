@@ -16,13 +16,14 @@ run it too (tests/executor/attention/test_triton_attention.py, tests/executor/te
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import json
 import os
 import re
 import subprocess
 import sys
 import tempfile
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 
 # Decided when triton is first imported: this module needs the compiler, not the interpreter.
 if os.environ.get("TRITON_INTERPRET"):
@@ -36,6 +37,7 @@ from triton.compiler import ASTSource  # noqa: E402
 
 import tts_runtime.executor.attention.triton_attention as attention  # noqa: E402
 import tts_runtime.models.fused_ops as fused  # noqa: E402
+from tts_runtime.models.triton_options import LAUNCH_OPTIONS  # noqa: E402
 
 GROUPS = ("attention", "fused")
 _TYPES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
@@ -49,7 +51,7 @@ MLP_SHAPES = ((8192, 0), (14336, 0), (1536, 0), (2048, 1))
 ROTARY_SHAPES = ((32, 8, 64), (32, 8, 128), (9, 3, 64), (4, 1, 256))
 
 
-@dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True)
 class Build:
     kernel: str
     config: str
@@ -57,7 +59,7 @@ class Build:
     cubin: bytes
 
 
-@dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True)
 class Resources:
     registers: int
     stack_bytes: int
@@ -69,7 +71,7 @@ def _compile(fn: triton.runtime.JITFunction, arg_type: Callable[[str], str], con
              num_warps: int, config: str, arch: int) -> Build:
     signature = {arg: "constexpr" if arg in constants else arg_type(arg) for arg in fn.arg_names}
     kernel = triton.compile(ASTSource(fn, signature, constexprs=constants), target=GPUTarget("cuda", arch, 32),
-                            options=dict(num_warps=num_warps))
+                            options=dict(num_warps=num_warps, **LAUNCH_OPTIONS))
     return Build(fn.__name__, config, num_warps, kernel.asm["cubin"])
 
 
@@ -155,22 +157,36 @@ def resources(cubin: bytes) -> Resources | None:
     return Resources(int(fields["REG"]), int(fields["STACK"]), int(fields["SHARED"]), instructions)
 
 
+def _markdown_row(build: Build, used: Resources | None) -> str:
+    cells = ("?",) * 4 if used is None else (used.registers, used.stack_bytes, used.shared_bytes,
+                                             used.sass_instructions)
+    return f"| {build.kernel} | {build.config} | {build.num_warps} | " + " | ".join(map(str, cells)) + " |"
+
+
+def _json_row(build: Build, used: Resources | None) -> str:
+    """One build as a JSON line; the resources are null where the wheel has no cuobjdump."""
+    return json.dumps(dict(kernel=build.kernel, config=build.config, num_warps=build.num_warps,
+                           **(dataclasses.asdict(used) if used is not None
+                              else dict.fromkeys(f.name for f in dataclasses.fields(Resources)))))
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--only", choices=GROUPS, help="only the attention kernels or only the fused ops")
     parser.add_argument("--arch", type=int, default=90, help="CUDA compute capability, e.g. 90 (H100/H200), 80")
+    parser.add_argument("--json", action="store_true",
+                        help="one JSON object per build and line, for scripts (default: a markdown table)")
     args = parser.parse_args(argv)
     groups = {"attention": attention_builds, "fused": fused_builds}
-    print("| kernel | config | warps | registers | stack (spills), bytes | shared, bytes | SASS instructions |\n"
-          "|---|---|---|---|---|---|---|")
+    if not args.json:
+        print("| kernel | config | warps | registers | stack (spills), bytes | shared, bytes | SASS instructions |\n"
+              "|---|---|---|---|---|---|---|")
+    row = _json_row if args.json else _markdown_row
     for group in ([args.only] if args.only else GROUPS):
         for build in groups[group](args.arch):
-            used = resources(build.cubin)
-            cells = ("?",) * 4 if used is None else (used.registers, used.stack_bytes, used.shared_bytes,
-                                                     used.sass_instructions)
-            print(f"| {build.kernel} | {build.config} | {build.num_warps} | " + " | ".join(map(str, cells)) + " |",
-                  flush=True)
-    print(f"compiled every kernel for sm_{args.arch}")
+            print(row(build, resources(build.cubin)), flush=True)
+    if not args.json:
+        print(f"compiled every kernel for sm_{args.arch}")
 
 
 if __name__ == "__main__":

@@ -20,6 +20,7 @@ import triton
 import triton.language as tl
 
 from tts_runtime.models import layers
+from tts_runtime.models.triton_options import LAUNCH_OPTIONS
 
 # Activation name -> kernel switch.
 _FUSED_ACTIVATIONS = {"silu": 0, "gelu_pytorch_tanh": 1}
@@ -109,7 +110,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, gemma_style: boo
     block = triton.next_power_of_2(dim)
     rms_norm_kernel[(x.shape[0], heads)](
         x, weight, out, float(eps), x.stride(0), s_xh, out.stride(0), s_oh,
-        DIM=dim, GEMMA=gemma_style, BLOCK=block, num_warps=warps_for(block),
+        DIM=dim, GEMMA=gemma_style, BLOCK=block, num_warps=warps_for(block), **LAUNCH_OPTIONS,
     )
     return out
 
@@ -130,7 +131,7 @@ def rotary_qk(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor,
         q, k, cos, sin, q.stride(0), q.stride(1), k.stride(0), k.stride(1), cos.stride(0), sin.stride(0),
         NUM_Q_HEADS=q.shape[1], NUM_K_HEADS=k.shape[1], HALF=half,
         BLOCK_HQ=triton.next_power_of_2(q.shape[1]), BLOCK_HK=triton.next_power_of_2(k.shape[1]),
-        BLOCK_HALF=triton.next_power_of_2(half),
+        BLOCK_HALF=triton.next_power_of_2(half), **LAUNCH_OPTIONS,
     )
     return q, k
 
@@ -146,7 +147,7 @@ def act_and_mul(gate_up: torch.Tensor, activation: str) -> torch.Tensor:
     block = min(1024, triton.next_power_of_2(intermediate))
     act_and_mul_kernel[(gate_up.shape[0], triton.cdiv(intermediate, block))](
         gate_up, out, gate_up.stride(0), out.stride(0),
-        INTERMEDIATE=intermediate, ACTIVATION=_FUSED_ACTIVATIONS[activation], BLOCK=block,
+        INTERMEDIATE=intermediate, ACTIVATION=_FUSED_ACTIVATIONS[activation], BLOCK=block, **LAUNCH_OPTIONS,
     )
     return out
 

@@ -33,6 +33,7 @@ from triton.runtime.interpreter import InterpretedFunction
 from tts_runtime.executor.attention.attention_plan import ROW_TILE, build_plan, shares_blocks
 from tts_runtime.executor.attention.prefill_tiles import prefill_tile_table
 from tts_runtime.executor.batch import AttentionMetadata
+from tts_runtime.models.triton_options import LAUNCH_OPTIONS
 
 
 @triton.jit
@@ -421,6 +422,7 @@ class TritonAttention:
             *key.stride(), *value.stride(), *k_cache.stride(),
             NUM_KV_HEADS=num_kv_heads, HEAD_DIM=head_dim, BLOCK_SIZE=k_cache.shape[1],
             BLOCK_H=triton.next_power_of_2(num_kv_heads), BLOCK_D=triton.next_power_of_2(head_dim),
+            **LAUNCH_OPTIONS,
         )
 
     # -- attend --------------------------------------------------------------
@@ -499,13 +501,13 @@ class TritonAttention:
             query, k_cache, v_cache, tables, lens, out, part_acc, part_m, part_l, *scalars,
             *query.stride(), *k_cache.stride(), tables.stride(0), *out.stride(),
             NUM_SPLITS=splits, BLOCK_G=max(16, triton.next_power_of_2(constants["GROUP"])),
-            BLOCK_N=block_n, num_warps=num_warps, **constants,
+            BLOCK_N=block_n, num_warps=num_warps, **constants, **LAUNCH_OPTIONS,
         )
         if splits > 1:
             decode_reduce_kernel[(nd, num_heads)](
                 part_acc, part_m, part_l, out, *out.stride(),
                 NUM_HEADS=num_heads, HEAD_DIM=head_dim, NUM_SPLITS=splits,
-                BLOCK_S=triton.next_power_of_2(splits), BLOCK_D=block_d,
+                BLOCK_S=triton.next_power_of_2(splits), BLOCK_D=block_d, **LAUNCH_OPTIONS,
             )
 
     # -- cascade -------------------------------------------------------------
@@ -538,11 +540,11 @@ class TritonAttention:
             query, k_cache, v_cache, tables, items, rows, part_acc, part_m, part_l, *scalars,
             *query.stride(), *k_cache.stride(), tables.stride(0),
             NUM_HEADS=num_heads, BLOCK_R=block_r, BLOCK_G=block_g, BLOCK_N=block_n, num_warps=num_warps,
-            **constants,
+            **constants, **LAUNCH_OPTIONS,
         )
         cascade_merge_kernel[(num_tokens, num_heads)](
             part_acc, part_m, part_l, parts_ptr, parts, out, *out.stride(),
-            NUM_HEADS=num_heads, HEAD_DIM=head_dim, BLOCK_D=block_d,
+            NUM_HEADS=num_heads, HEAD_DIM=head_dim, BLOCK_D=block_d, **LAUNCH_OPTIONS,
         )
 
     def _cached_prefill_tiles(self, meta: AttentionMetadata, block_m: int, device: torch.device) -> torch.Tensor:
@@ -569,5 +571,5 @@ class TritonAttention:
         prefill_kernel[(tiles.shape[0], query.shape[1])](
             query, k_cache, v_cache, tables, tiles, out, *scalars,
             *query.stride(), *k_cache.stride(), tables.stride(0), *out.stride(),
-            BLOCK_M=block_m, BLOCK_N=block_n, num_warps=num_warps, **constants,
+            BLOCK_M=block_m, BLOCK_N=block_n, num_warps=num_warps, **constants, **LAUNCH_OPTIONS,
         )
