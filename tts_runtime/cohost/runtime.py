@@ -185,10 +185,9 @@ class Runtime:
         gen_spec, gen_loaded = _load(generator, dev)
         prm_spec, prm_loaded = _load(prm, dev)
         self.profiles = profiles or profile_models(gen_loaded, prm_loaded, self.engine_config)
-        dtypes = (gen_loaded.dtype, prm_loaded.dtype)
         self.plan: MemoryPlan = plan_memory(
             self.memory, *self.profiles, device_total=device_total(self.engine_config.device), workload=workload,
-            element_sizes=(element_size(dtypes[0]), element_size(dtypes[1])),
+            element_sizes=(element_size(gen_loaded.dtype), element_size(prm_loaded.dtype)),
             host_available=host_available(self.engine_config.device))
         self.pool: ElasticKVPool | None = None
         self.elastic: ElasticPolicy | None = None
@@ -196,19 +195,7 @@ class Runtime:
         self.workers: list[PipelineGroup] = []  # overlap at pp 1 on CPU: one process per engine
         # vLLM emits no block events: nothing for thrash trackers to follow there.
         self.trackers = {} if backend == "vllm" else {GENERATOR: ThrashTracker(), PRM: ThrashTracker()}
-        specs, loaded = (gen_spec, prm_spec), (gen_loaded, prm_loaded)
-        if backend == "vllm":
-            self._start_vllm(specs, loaded, dtypes)
-        elif self.plan.policy == "elastic":
-            self._start_elastic(specs, loaded, dev)
-        elif self.engine_config.parallel.pp_size > 1:
-            self._start_pipelined(specs, loaded)
-        elif self.cohost.overlap and not is_sim_device(self.engine_config.device):
-            self._start_overlapped(specs, loaded, dev)
-        else:  # on the simulated device overlap queues both engines' forwards on its one stream
-            self.generator = Engine(gen_spec, self.engine_config, loaded=gen_loaded,
-                                    num_blocks=self.plan.generator_blocks)
-            self.prm = Engine(prm_spec, self.engine_config, loaded=prm_loaded, num_blocks=self.plan.prm_blocks)
+        self._start_engines((gen_spec, prm_spec), (gen_loaded, prm_loaded), dev)
         for name, tracker in self.trackers.items():
             self.engines[name].add_block_listener(tracker)
         # Either engine with a forward in flight: the device's busy time, counted once where
@@ -225,6 +212,22 @@ class Runtime:
         self.transitions = 0
         self._last_forward: str | None = None
         self.overlap = OverlapStepper(self.engines, self._note_forward) if self.cohost.overlap else None
+
+    def _start_engines(self, specs: tuple[ModelSpec, ModelSpec], loaded: tuple[LoadedModel, LoadedModel],
+                       dev: torch.device) -> None:
+        """The two engines, placed as the backend, memory policy, pipeline and overlap ask."""
+        if self.backend == "vllm":
+            self._start_vllm(specs, loaded)
+        elif self.plan.policy == "elastic":
+            self._start_elastic(specs, loaded, dev)
+        elif self.engine_config.parallel.pp_size > 1:
+            self._start_pipelined(specs, loaded)
+        elif self.cohost.overlap and not is_sim_device(self.engine_config.device):
+            self._start_overlapped(specs, loaded, dev)
+        else:  # on the simulated device overlap queues both engines' forwards on its one stream
+            self.generator = Engine(specs[0], self.engine_config, loaded=loaded[0],
+                                    num_blocks=self.plan.generator_blocks)
+            self.prm = Engine(specs[1], self.engine_config, loaded=loaded[1], num_blocks=self.plan.prm_blocks)
 
     def _start_elastic(self, specs: tuple[ModelSpec, ModelSpec], loaded: tuple[LoadedModel, LoadedModel],
                        dev: torch.device) -> None:
@@ -260,15 +263,14 @@ class Runtime:
         self.prm = Engine(specs[1], self.engine_config, loaded=loaded[1], num_blocks=self.plan.prm_blocks,
                           executor=self.pipeline.executor(PRM))
 
-    def _start_vllm(self, specs: tuple[ModelSpec, ModelSpec], loaded: tuple[LoadedModel, LoadedModel],
-                    dtypes: tuple[torch.dtype, torch.dtype]) -> None:
+    def _start_vllm(self, specs: tuple[ModelSpec, ModelSpec], loaded: tuple[LoadedModel, LoadedModel]) -> None:
         """Both models on vLLM engines, each with the KV bytes the memory plan gave it."""
         block = self.engine_config.cache.block_size
         blocks = (self.plan.generator_blocks, self.plan.prm_blocks)
         self.generator, self.prm = (
             VllmEngine(spec, self.engine_config, loaded=model,
-                       kv_cache_bytes=count * bytes_per_block(model.arch, block, dtype))
-            for spec, model, count, dtype in zip(specs, loaded, blocks, dtypes))
+                       kv_cache_bytes=count * bytes_per_block(model.arch, block, model.dtype))
+            for spec, model, count in zip(specs, loaded, blocks))
 
     def _start_overlapped(self, specs: tuple[ModelSpec, ModelSpec], loaded: tuple[LoadedModel, LoadedModel],
                           device: torch.device) -> None:
