@@ -166,6 +166,17 @@ class BlockManager:
             return [], []
         if hashes is None:
             hashes = self.full_block_hashes(token_ids, max_blocks)
+        hit_ids = self._reference_device_run(token_ids, hashes)
+        if self.host_tier is not None:
+            self._load_host_run(token_ids, hashes, hit_ids)
+        for h in hashes[len(hit_ids):]:
+            self._emit("miss", -1, h)
+        self.stats.prefix_queries += len(hashes)
+        return hit_ids, hashes
+
+    def _reference_device_run(self, token_ids: list[int], hashes: list[int]) -> list[int]:
+        """References the cached blocks that match the prefix from its start, up to the first
+        block that is not on the device (or whose tokens or parent differ: a hash collision)."""
         hit_ids: list[int] = []
         bs = self.block_size
         device_hits = 0
@@ -190,7 +201,12 @@ class BlockManager:
         if device_hits:
             self.stats.prefix_hits += device_hits
             self._emit("hit", -1, parent, blocks=device_hits)
-        while self.host_tier is not None and len(hit_ids) < len(hashes):
+        return hit_ids
+
+    def _load_host_run(self, token_ids: list[int], hashes: list[int], hit_ids: list[int]) -> None:
+        """Extends the device run in `hit_ids` with the blocks that follow it in the host tier."""
+        bs = self.block_size
+        while len(hit_ids) < len(hashes):
             i = len(hit_ids)
             block_id = self._load_from_host(hashes[i], hashes[i - 1] if i else ROOT_HASH,
                                             tuple(token_ids[i * bs:(i + 1) * bs]), reserve=0)
@@ -198,10 +214,6 @@ class BlockManager:
                 break
             hit_ids.append(block_id)
             self._host_hit(block_id, hashes[i])
-        for h in hashes[len(hit_ids):]:
-            self._emit("miss", -1, h)
-        self.stats.prefix_queries += len(hashes)
-        return hit_ids, hashes
 
     def _host_hit(self, block_id: int, block_hash: int) -> None:
         self.stats.host_hits += 1
