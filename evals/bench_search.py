@@ -162,6 +162,27 @@ def _logged(log: Callable[[str], None], label: str, measure: Callable[[], dict])
     return run
 
 
+_RATIO_KEYS = ("problems_per_min", "generator_tokens_per_s", "prm_tokens_per_s")
+
+
+def _ratios(median: dict[str, dict[str, float]]) -> dict[str, dict]:
+    """The medians of each variant over the baselines that ran: the plain HF baseline, tts on
+    torch's kernels and search-and-learn on vLLM."""
+    ratios: dict[str, dict] = {}
+    if "baseline" in median:
+        ratios["ratio"] = {label: {key: _ratio(median[label][key], median["baseline"][key]) for key in _RATIO_KEYS}
+                           for label in median if label != "baseline"}
+    if _TORCH_KERNELS in median:
+        ratios["ratio_to_torch_kernels"] = {key: _ratio(median["tts"][key], median[_TORCH_KERNELS][key])
+                                            for key in _RATIO_KEYS}
+    if _SAL_VLLM in median:
+        # search-and-learn on vLLM is the configuration users run today: the baseline to beat.
+        ratios["ratio_to_sal_vllm"] = {label: _ratio(median[label]["problems_per_min"],
+                                                     median[_SAL_VLLM]["problems_per_min"])
+                                       for label in median if label != _SAL_VLLM}
+    return ratios
+
+
 def bench_search(bench: SearchBench, *, command: Sequence[str],
                  log: Callable[[str], None] = print) -> BenchReport:
     config = SearchConfig(**{**bench.config.to_dict(), "method": "beam"})
@@ -211,19 +232,7 @@ def bench_search(bench: SearchBench, *, command: Sequence[str],
         "median": {label: {key: rounds.median(label, key) for key, _, _ in _ROWS} for label in rounds.runs},
         "rounds_data": rounds.runs,
     }
-    if "baseline" in rounds.runs:
-        data["ratio"] = {label: {key: _ratio(data["median"][label][key], data["median"]["baseline"][key])
-                                 for key in ("problems_per_min", "generator_tokens_per_s", "prm_tokens_per_s")}
-                         for label in rounds.runs if label != "baseline"}
-    if _TORCH_KERNELS in rounds.runs:
-        data["ratio_to_torch_kernels"] = {
-            key: _ratio(data["median"]["tts"][key], data["median"][_TORCH_KERNELS][key])
-            for key in ("problems_per_min", "generator_tokens_per_s", "prm_tokens_per_s")}
-    if _SAL_VLLM in rounds.runs:
-        # search-and-learn on vLLM is the configuration users run today: the baseline to beat.
-        data["ratio_to_sal_vllm"] = {label: _ratio(data["median"][label]["problems_per_min"],
-                                                   data["median"][_SAL_VLLM]["problems_per_min"])
-                                     for label in rounds.runs if label != _SAL_VLLM}
+    data.update(_ratios(data["median"]))
     report = BenchReport(data, _markdown(data))
     bench.out_dir.mkdir(parents=True, exist_ok=True)
     (bench.out_dir / "search.json").write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")

@@ -331,6 +331,12 @@ def test_bench_search_runs_every_side_in_the_chosen_dtype(tmp_path, math500_path
     assert data["models"]["dtype"] == "torch.bfloat16"
     assert set(data["median"]) == {"tts", "tts-torch-kernels", "baseline"}
     assert all(side["generator_tokens_per_s"] > 0 for side in data["median"].values())
+    median = data["median"]
+    assert set(data["ratio"]) == {"tts", "tts-torch-kernels"} and "ratio_to_sal_vllm" not in data
+    assert data["ratio"]["tts"]["problems_per_min"] == pytest.approx(
+        median["tts"]["problems_per_min"] / median["baseline"]["problems_per_min"])
+    assert data["ratio_to_torch_kernels"]["prm_tokens_per_s"] == pytest.approx(
+        median["tts"]["prm_tokens_per_s"] / median["tts-torch-kernels"]["prm_tokens_per_s"])
     assert "`gemma3-270m`, bfloat16." in (tmp_path / "search.md").read_text()
 
 
